@@ -1,0 +1,54 @@
+"""nbhw: which accelerators PyTorch and Transformers can use here, and the from_pretrained cell that will work.
+
+``import nbhw`` is cheap: torch, transformers, plotly and ipywidgets load only when a function needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from nbhw._version import __version__
+
+# Public name -> "module:attribute", imported on first use.
+_LAZY = {
+    "detect": "nbhw.core.detect:detect",
+    "Hardware": "nbhw.core.detect:Hardware",
+    "report": "nbhw.core.report:report",
+    "UserError": "nbhw.core.errors:UserError",
+}
+
+__all__ = ["__version__", "load_ipython_extension", "unload_ipython_extension", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'nbhw' has no attribute {name!r}")
+    module, attribute = target.split(":")
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext nbhw``: register the %hw magic."""
+    from nbhw import magics
+
+    magics.load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """``%unload_ext nbhw``: remove %hw and stop everything nbhw started in this kernel."""
+    from nbhw import magics
+
+    magics.unload(ipython)
+
+
+def _jupyter_server_extension_points() -> list[dict[str, Any]]:
+    """The Jupyter server extension (routes under /nbhw), enabled by jupyter-config/."""
+    return [{"module": "nbhw.server"}]

@@ -1,0 +1,59 @@
+"""``python -m nbhw``: the same words as %hw, for terminals and scripts. Exit 2 on a user mistake."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from nbhw import words
+from nbhw.core.errors import UserError
+
+
+def _devices(args: argparse.Namespace) -> int:
+    import json
+
+    from nbhw.core.detect import detect
+
+    hardware = detect()
+    print(json.dumps(hardware.to_dict(), indent=2) if args.json else hardware.text())
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from nbhw.core.report import report
+
+    result = report()
+    print(result.json() if args.json else result.text())
+    return 0
+
+
+def _attention(args: argparse.Namespace) -> int:
+    raise UserError("nbhw attention: not available in this version")
+
+
+def _plan(args: argparse.Namespace) -> int:
+    raise UserError("nbhw plan: not available in this version")
+
+
+COMMANDS = {"devices": _devices, "report": _report, "attention": _attention, "plan": _plan}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; return the exit code."""
+    parser = words.cli_parser()
+    try:
+        args = words.parse(parser, sys.argv[1:] if argv is None else argv)
+        if args.command is None:
+            parser.print_help()
+            return 2
+        return COMMANDS[args.command](args)
+    except words.HelpShown:
+        return 0
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Pure logic: facts and decisions as plain data. Never imports IPython, ipywidgets, plotly or jupyter_server."""

@@ -1,0 +1,131 @@
+"""Who picks what here: from_pretrained, device_map="auto", TrainingArguments, pipeline(), Accelerator.
+
+Computed from the rows detection found and from the orders read out of the installed libraries (see
+:mod:`nbhw.core.libsource`); nothing here calls the library functions themselves, since they would
+initialise CUDA or set the current device.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from nbhw.core import libsource
+from nbhw.core.hardware import BackendStatus, Choice
+from nbhw.core.libsource import Order
+
+# Backends that device_map="auto" never places on: their device string must be passed explicitly.
+EXPLICIT_ONLY = ("neuron", "tpu")
+
+
+def _usable(rows: list[BackendStatus]) -> dict[str, BackendStatus]:
+    """Usable rows by the key the libraries' checks use ('cuda' covers NVIDIA and ROCm builds)."""
+    found: dict[str, BackendStatus] = {}
+    for row in rows:
+        if row.usable:
+            found.setdefault(row.device, row)
+    return found
+
+
+def _unread(who: str, what: str) -> Choice:
+    return Choice(who, "unknown", f"could not read {what} from the installed library; nbhw does not guess")
+
+
+def from_pretrained_default() -> Choice:
+    """from_pretrained with no device_map: CPU, unless a torch default device or device context is set."""
+    torch = sys.modules.get("torch")
+    default = None
+    if torch is not None and hasattr(torch, "get_default_device"):
+        default = str(torch.get_default_device())
+    if default and default != "cpu":
+        return Choice("from_pretrained(model)", default,
+                      f"torch.set_default_device({default!r}) is in effect, and from_pretrained follows it")
+    return Choice("from_pretrained(model)", "cpu", "with no device_map, transformers loads the weights on the CPU",
+                  ['pass device_map="auto" (or a device string) to load on an accelerator'])
+
+
+def device_map_auto(rows: list[BackendStatus], order: Order | None) -> Choice:
+    """device_map="auto": the accelerator family accelerate's get_max_memory counts, then mps or cpu."""
+    who = 'from_pretrained(model, device_map="auto")'
+    if order is None:
+        return _unread(who, "accelerate's get_max_memory order")
+    usable = _usable(rows)
+    picked: list[str] = []
+    family = next((s.device for s in order.steps if s.device and (s.probe in usable or s.probe == "else")), None)
+    if family and family in usable:
+        picked = [d.device for d in usable[family].devices]
+    # get_max_memory: MPS shares host RAM, so it replaces the CPU budget rather than adding to it.
+    picked += ["mps"] if "mps" in usable else ["cpu"]
+    notes = []
+    for key in EXPLICIT_ONLY:
+        if key in usable:
+            notes.append(f'{usable[key].hardware}: "auto" does not place on {key}; pass device_map="{key}" explicitly')
+    why = f"accelerate fills {', '.join(picked[:-1]) or 'no accelerator'} first, then {picked[-1]} ({order.source})"
+    return Choice(who, ", ".join(picked), why, notes)
+
+
+def _first_usable(order: Order, usable: dict[str, BackendStatus]) -> tuple[str, str]:
+    for step in order.steps:
+        if step.probe == "env":
+            value = os.environ.get(step.device or "", step.default or "cpu")
+            return value, f"no accelerator found, so {step.device} or its default {step.default!r}"
+        if step.probe == "else":
+            return step.device or "cpu", "no accelerator in its list is usable here"
+        if step.probe in usable:
+            device = (step.device or step.probe).replace("{index}", "0")
+            return device, f"{usable[step.probe].hardware} is the first usable backend in its order"
+    return "cpu", "no accelerator in its list is usable here"
+
+
+def trainer(rows: list[BackendStatus], order: Order | None) -> Choice:
+    """TrainingArguments().device in a single process (a notebook), and what use_cpu does."""
+    who = "TrainingArguments(...).device"
+    if order is None:
+        return _unread(who, "TrainingArguments._setup_devices")
+    usable = _usable(rows)
+    device, why = _first_usable(order, usable)
+    notes = ["use_cpu=True forces cpu"]
+    if "cuda" in usable and len(usable["cuda"].devices) > 1 and device.startswith("cuda"):
+        n = len(usable["cuda"].devices)
+        notes.append(f"{n} GPUs visible: in one process Trainer wraps the model in nn.DataParallel over all {n}; "
+                     f"use `torchrun --nproc_per_node={n}` or `accelerate launch` for DDP")
+    if os.environ.get("LOCAL_RANK") or os.environ.get("WORLD_SIZE"):
+        notes.append("LOCAL_RANK/WORLD_SIZE are set: Trainer runs distributed and uses this rank's device")
+    if "torch_xla" in sys.modules or os.environ.get("USE_TORCH_XLA", "").lower() in {"1", "true"}:
+        notes.append("torch_xla present: Trainer takes the XLA device instead")
+    return Choice(who, device, f"{why} ({order.source})", notes)
+
+
+def pipeline(rows: list[BackendStatus], order: Order | None) -> Choice:
+    """pipeline(task, model) with no device: device 0 of the first backend in its order."""
+    who = "pipeline(task, model=...)"
+    if order is None:
+        return _unread(who, "Pipeline.__init__")
+    device, why = _first_usable(order, _usable(rows))
+    notes = ["a model loaded with device_map keeps its placement; pipeline() then uses its first device"]
+    missing = [k for k in EXPLICIT_ONLY if k in _usable(rows) and all(s.probe != k for s in order.steps)]
+    notes += [f"pipeline() never picks {k} by itself; pass device=\"{k}\"" for k in missing]
+    return Choice(who, device, f"{why} ({order.source})", notes)
+
+
+def accelerator(rows: list[BackendStatus], order: Order | None) -> Choice:
+    """accelerate's Accelerator() / PartialState().default_device."""
+    who = "Accelerator().device"
+    if order is None:
+        return _unread(who, "PartialState.default_device")
+    env = os.environ.get("ACCELERATE_TORCH_DEVICE")
+    if env:
+        return Choice(who, env, "ACCELERATE_TORCH_DEVICE is set and wins")
+    device, why = _first_usable(order, _usable(rows))
+    return Choice(who, device, f"{why} ({order.source})")
+
+
+def all_choices(rows: list[BackendStatus]) -> list[Choice]:
+    """Every entry point's pick, in the order a user meets them."""
+    return [
+        from_pretrained_default(),
+        device_map_auto(rows, libsource.auto_memory_order()),
+        trainer(rows, libsource.trainer_order()),
+        pipeline(rows, libsource.pipeline_order()),
+        accelerator(rows, libsource.accelerate_default_order()),
+    ]

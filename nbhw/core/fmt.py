@@ -1,0 +1,51 @@
+"""Formatting shared by every text and HTML view: sizes people read, aligned tables, escaping."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+GIB = 1024**3
+MIB = 1024**2
+
+
+def size(nbytes: float | None) -> str:
+    """Bytes as a person reads them: '23.5 GiB', '512 MiB', 'N/A' when unknown."""
+    if nbytes is None:
+        return "N/A"
+    value = float(nbytes)
+    for unit, scale in (("TiB", 1024**4), ("GiB", GIB), ("MiB", MIB), ("KiB", 1024)):
+        if abs(value) >= scale:
+            return f"{value / scale:.1f} {unit}"
+    return f"{int(value)} B"
+
+
+def yes_no(value: bool | None) -> str:
+    """A tri-state flag for a table cell."""
+    if value is None:
+        return "N/A"
+    return "yes" if value else "no"
+
+
+def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "") -> str:
+    """Rows as aligned columns, headers first, for terminals and bug reports."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+    lines = [indent + "  ".join(h.ljust(widths[i]) for i, h in enumerate(headers)).rstrip()]
+    lines.append(indent + "  ".join("-" * w for w in widths))
+    lines.extend(indent + "  ".join(c.ljust(widths[i]) for i, c in enumerate(row)).rstrip() for row in rows)
+    return "\n".join(lines)
+
+
+def esc(value: object) -> str:
+    """HTML-escape any value."""
+    return html.escape(str(value), quote=True)
+
+
+def html_table(headers: Sequence[str], rows: Sequence[Sequence[str]], css_class: str = "nbhw-table") -> str:
+    """Rows as an HTML table; cells are escaped here."""
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f'<table class="{css_class}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'

@@ -1,0 +1,129 @@
+"""Text and HTML renderings of the devices view, built from plain data (no IPython, no widgets)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from nbhw.core.fmt import esc, html_table, size, text_table, yes_no
+from nbhw.core.hardware import BackendStatus, DeviceInfo
+
+if TYPE_CHECKING:
+    from nbhw.core.detect import Hardware
+
+LABELS = {"cuda": "cuda (NVIDIA)", "rocm": "cuda (AMD ROCm)"}
+
+STYLE = """<style>
+.nbhw { font-family: var(--jp-ui-font-family, sans-serif); font-size: 13px; line-height: 1.4; }
+.nbhw h3 { font-size: 14px; margin: 10px 0 4px; }
+.nbhw table.nbhw-table { border-collapse: collapse; margin: 2px 0 6px; }
+.nbhw table.nbhw-table th, .nbhw table.nbhw-table td {
+  text-align: left; padding: 2px 8px; border-bottom: 1px solid var(--jp-border-color2, #ddd); vertical-align: top; }
+.nbhw table.nbhw-table th { font-weight: 600; }
+.nbhw .ok { color: var(--jp-success-color1, #1a7f37); font-weight: 600; }
+.nbhw .no { color: var(--jp-ui-font-color2, #777); }
+.nbhw .fix code, .nbhw code { font-family: var(--jp-code-font-family, monospace); font-size: 12px; }
+.nbhw .warn { color: var(--jp-warn-color1, #9a6700); }
+.nbhw .sub { margin-left: 18px; }
+</style>"""
+
+
+def label(row: BackendStatus) -> str:
+    """The backend's name in tables: its device string, with the vendor where two rows share it."""
+    return LABELS.get(row.key, row.key if row.key == row.device else f"{row.device} ({row.key})")
+
+
+def installed(row: BackendStatus) -> str:
+    """The installed column: the version, or 'no'."""
+    if not row.installed:
+        return "no"
+    return row.version or "yes"
+
+
+def _device_cells(d: DeviceInfo) -> list[str]:
+    return [d.device, d.name or "N/A", size(d.total_memory), size(d.free_memory), d.compute_capability or "N/A",
+            yes_no(d.bf16), yes_no(d.fp16), yes_no(d.tf32)]
+
+
+DEVICE_HEADERS = ("device", "name", "total", "free", "capability", "bf16", "fp16", "tf32")
+
+
+def hardware_text(hw: Hardware) -> str:
+    """The devices view for terminals and bug reports."""
+    out = [f"nbhw: accelerators here (torch {hw.torch.version or 'not installed'}, {hw.torch.build} build)", ""]
+    rows = [[label(b), b.hardware, b.package, installed(b), "yes" if b.usable else "no"] for b in hw.backends]
+    table = text_table(("backend", "hardware", "package", "installed", "usable"), rows, indent="  ").split("\n")
+    out += table[:2]
+    for line, row in zip(table[2:], hw.backends, strict=True):
+        out.append(line)
+        if not row.usable:
+            out.append(f"      why: {row.reason}")
+            if row.fix:
+                out.append(f"      fix: {row.fix}")
+        out.extend(f"      note: {n}" for n in row.notes)
+    out += ["", "Devices"]
+    out.append(text_table(DEVICE_HEADERS, [_device_cells(d) for d in hw.devices], indent="  "))
+    out.extend(f"  note ({d.device}): {n}" for d in hw.devices for n in d.notes)
+    out += ["", "Who picks what here"]
+    out.append(text_table(("call", "device", "why"), [[c.who, c.device, c.why] for c in hw.choices], indent="  "))
+    out.extend(f"  note ({c.who}): {n}" for c in hw.choices for n in c.notes)
+    out += ["", "Environment"]
+    out.append(text_table(("variable", "value", "meaning"),
+                          [[v.name, "unset" if v.value is None else repr(v.value), v.meaning] for v in hw.env.variables],
+                          indent="  "))
+    if hw.env.gpu_order:
+        exact = "" if hw.env.gpu_order_exact else " (predicted)"
+        out += ["", f"cuda:N ↔ nvidia-smi{exact}"]
+        out.append(text_table(("device", "nvidia-smi", "pci bus id", "name"),
+                              [[r.device, str(r.nvml_index), r.pci_bus_id or "N/A", r.name or "N/A"]
+                               for r in hw.env.gpu_order], indent="  "))
+    if hw.env.warnings:
+        out += ["", "Warnings"]
+        out.extend(f"  ! {w}" for w in hw.env.warnings)
+    return "\n".join(out)
+
+
+def _status_cell(row: BackendStatus) -> str:
+    if row.usable:
+        return '<span class="ok">✓ usable</span>'
+    parts = [f'<span class="no">✗ {esc(row.reason or "not usable")}</span>']
+    if row.fix:
+        parts.append(f'<div class="fix">fix: <code>{esc(row.fix)}</code></div>')
+    return "".join(parts)
+
+
+def _backend_rows_html(hw: Hardware) -> str:
+    head = "".join(f"<th>{h}</th>" for h in ("backend", "hardware", "package", "installed", "usable here"))
+    body = []
+    for row in hw.backends:
+        notes = "".join(f'<div class="warn">{esc(n)}</div>' for n in row.notes)
+        body.append(
+            f'<tr data-backend="{esc(row.key)}"><td><code>{esc(label(row))}</code></td><td>{esc(row.hardware)}</td>'
+            f"<td>{esc(row.package)}</td><td>{esc(installed(row))}</td><td>{_status_cell(row)}{notes}</td></tr>"
+        )
+    return f'<table class="nbhw-table nbhw-backends"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def hardware_html(hw: Hardware) -> str:
+    """The devices view as one self-contained HTML fragment."""
+    parts = [STYLE, '<div class="nbhw nbhw-devices">',
+             f"<h3>Accelerators here — torch {esc(hw.torch.version or 'not installed')} ({esc(hw.torch.build)} build)</h3>",
+             _backend_rows_html(hw), "<h3>Devices</h3>",
+             html_table(DEVICE_HEADERS, [_device_cells(d) for d in hw.devices], "nbhw-table nbhw-device-list")]
+    parts += [f'<div class="warn">{esc(d.device)}: {esc(n)}</div>' for d in hw.devices for n in d.notes]
+    parts += ["<h3>Who picks what here</h3>",
+              html_table(("call", "device", "why"), [[c.who, c.device, c.why] for c in hw.choices],
+                         "nbhw-table nbhw-choices")]
+    parts += [f'<div class="sub">{esc(c.who)}: {esc(n)}</div>' for c in hw.choices for n in c.notes]
+    parts += ["<h3>Environment</h3>", html_table(
+        ("variable", "value", "meaning"),
+        [[v.name, "unset" if v.value is None else repr(v.value), v.meaning] for v in hw.env.variables],
+        "nbhw-table nbhw-env")]
+    if hw.env.gpu_order:
+        exact = "" if hw.env.gpu_order_exact else " (predicted)"
+        parts += [f"<h3>cuda:N ↔ nvidia-smi{esc(exact)}</h3>", html_table(
+            ("device", "nvidia-smi", "pci bus id", "name"),
+            [[r.device, str(r.nvml_index), r.pci_bus_id or "N/A", r.name or "N/A"] for r in hw.env.gpu_order],
+            "nbhw-table nbhw-gpu-order")]
+    parts += [f'<div class="warn">⚠ {esc(w)}</div>' for w in hw.env.warnings]
+    parts.append("</div>")
+    return "".join(parts)

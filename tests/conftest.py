@@ -1,0 +1,39 @@
+"""Shared fixtures: fake hardware at the boundary, a real IPython shell, and thread hygiene."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from tests.fakes import FakeHardware
+
+
+@pytest.fixture
+def fake_hw(monkeypatch: pytest.MonkeyPatch) -> FakeHardware:
+    """Fake hardware for one test (see tests/fakes.py); the real CPU machine is still there underneath."""
+    for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+                 "ACCELERATE_TORCH_DEVICE", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    return FakeHardware(monkeypatch)
+
+
+@pytest.fixture
+def ip() -> Iterator[object]:
+    """The real IPython shell (a process-wide singleton), with nbhw unloaded before and after."""
+    from IPython.testing.globalipapp import get_ipython
+
+    shell = get_ipython()
+    shell.run_line_magic("unload_ext", "nbhw") if "nbhw" in shell.extension_manager.loaded else None
+    yield shell
+    if "nbhw" in shell.extension_manager.loaded:
+        shell.run_line_magic("unload_ext", "nbhw")
+
+
+@pytest.fixture(autouse=True)
+def no_nbhw_threads_left() -> Iterator[None]:
+    """Every test must leave no nbhw thread running."""
+    yield
+    left = [t.name for t in threading.enumerate() if t.name.startswith("nbhw") and t.is_alive()]
+    assert not left, f"nbhw threads left running: {left}"
