@@ -18,7 +18,15 @@ _LAZY = {
     "UserError": "nbhw.core.errors:UserError",
 }
 
-__all__ = ["__version__", "load_ipython_extension", "unload_ipython_extension", *_LAZY]
+__all__ = [
+    "Hardware",
+    "UserError",
+    "__version__",
+    "detect",
+    "load_ipython_extension",
+    "report",
+    "unload_ipython_extension",
+]
 
 
 def __getattr__(name: str) -> Any:

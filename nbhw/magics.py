@@ -73,16 +73,14 @@ class HwMagics(Magics):
 
 
 def load(shell: Any) -> None:
-    """Register %hw and make its settings reachable by %config."""
-    magics = HwMagics(shell=shell)
-    shell.register_magics(magics)
-    shell.configurables.append(magics)
+    """Register %hw; IPython's Magics adds the instance to shell.configurables, so %config reaches it."""
+    shell.register_magics(HwMagics(shell=shell))
 
 
 def unload(shell: Any) -> None:
     """Remove %hw and everything the extension started."""
     manager = shell.magics_manager
     manager.magics["line"].pop("hw", None)
-    found = manager.registry.pop("HwMagics", None)
-    if found is not None and found in shell.configurables:
-        shell.configurables.remove(found)
+    manager.registry.pop("HwMagics", None)
+    # By class name: %reload_ext re-imports this module, so an older instance has an older class.
+    shell.configurables[:] = [c for c in shell.configurables if type(c).__name__ != "HwMagics"]

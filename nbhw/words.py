@@ -27,9 +27,10 @@ class Parser(argparse.ArgumentParser):
     """An ArgumentParser that raises UserError instead of printing usage and exiting."""
 
     def error(self, message: str) -> NoReturn:
-        m = re.fullmatch(r"argument \{[^}]*\}: invalid choice: (.*) \(choose from (.*)\)", message)
+        m = re.fullmatch(r"argument ([^:]*): invalid choice: (.*) \(choose from (.*)\)", message)
         if m:
-            message = f"unknown subcommand {m.group(1)}; valid: {m.group(2).replace(chr(39), '')}"
+            what = "subcommand" if m.group(1).startswith("{") else f"{m.group(1)} value"
+            message = f"unknown {what} {m.group(2)}; valid: {m.group(3).replace(chr(39), '')}"
         raise UserError(f"{self.prog}: {message}")
 
     def _subparsers_choices(self) -> list[str]:
@@ -49,7 +50,7 @@ def seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (e.g. 0.5)") from None
-    if not value > 0 or value != value or value == float("inf"):
+    if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
     return value
 
@@ -64,7 +65,9 @@ def _model_options(p: argparse.ArgumentParser) -> None:
 
 def _attention(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", help="model id or local path (config read offline unless allowed)")
-    p.add_argument("--device", metavar="DEV", help="device to advise for, e.g. cuda:0, cpu, mps (default: the best usable)")
+    p.add_argument(
+        "--device", metavar="DEV", help="device to advise for, e.g. cuda:0, cpu, mps (default: the best usable)"
+    )
     p.add_argument("--dtype", help="dtype to advise for: float32, float16, bfloat16, auto")
     _model_options(p)
     _json(p)
@@ -72,13 +75,26 @@ def _attention(p: argparse.ArgumentParser) -> None:
 
 def _load(p: argparse.ArgumentParser, *, emit: bool) -> None:
     p.add_argument("model", nargs="?", help="model id or local path (default: nbhw's tiny local model)")
-    p.add_argument("--device-map", dest="device_map", metavar="MAP", help="auto, balanced, balanced_low_0, sequential, or a device")
+    p.add_argument(
+        "--device-map", dest="device_map", metavar="MAP", help="auto, balanced, balanced_low_0, sequential, or a device"
+    )
     p.add_argument("--dtype", help="float32, float16, bfloat16 or auto")
-    p.add_argument("--attn", dest="attn_implementation", metavar="IMPL", help="attn_implementation, e.g. sdpa, eager, flash_attention_2")
+    p.add_argument(
+        "--attn",
+        dest="attn_implementation",
+        metavar="IMPL",
+        help="attn_implementation, e.g. sdpa, eager, flash_attention_2",
+    )
     p.add_argument("--kernels", dest="use_kernels", action="store_true", help="use_kernels=True (Hub kernels)")
     p.add_argument("--quantize", choices=QUANTIZE, help="bitsandbytes quantization")
-    p.add_argument("--max-memory", dest="max_memory", nargs="+", metavar="DEV=SIZE", default=None,
-                   help='per-device memory budget, e.g. 0=70GiB cpu=200GiB')
+    p.add_argument(
+        "--max-memory",
+        dest="max_memory",
+        nargs="+",
+        metavar="DEV=SIZE",
+        default=None,
+        help="per-device memory budget, e.g. 0=70GiB cpu=200GiB",
+    )
     _model_options(p)
     if emit:
         p.add_argument("--emit", action="store_true", help="write the code into a new cell below")

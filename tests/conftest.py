@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 import threading
 from collections.abc import Iterator
 
@@ -10,11 +12,23 @@ import pytest
 from tests.fakes import FakeHardware
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Keep nbhw's files (the tiny model) out of the user's home: one temporary NBHW_HOME per run."""
+    os.environ.setdefault("NBHW_HOME", tempfile.mkdtemp(prefix="nbhw-test-home-"))
+
+
 @pytest.fixture
 def fake_hw(monkeypatch: pytest.MonkeyPatch) -> FakeHardware:
     """Fake hardware for one test (see tests/fakes.py); the real CPU machine is still there underneath."""
-    for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
-                 "ACCELERATE_TORCH_DEVICE", "LOCAL_RANK", "WORLD_SIZE"):
+    for name in (
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "HIP_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+        "ACCELERATE_TORCH_DEVICE",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+    ):
         monkeypatch.delenv(name, raising=False)
     return FakeHardware(monkeypatch)
 

@@ -44,11 +44,11 @@ class NVMLError(Exception):
     """Like pynvml.NVMLError."""
 
 
-class NVMLError_LibraryNotFound(NVMLError):  # noqa: N801 - pynvml's name
+class NVMLError_LibraryNotFound(NVMLError):
     """Like pynvml's: libnvidia-ml.so.1 missing."""
 
 
-class NVMLError_DriverNotLoaded(NVMLError):  # noqa: N801 - pynvml's name
+class NVMLError_DriverNotLoaded(NVMLError):
     """Like pynvml's: driver not loaded."""
 
 
@@ -59,8 +59,13 @@ class FakeNvml(types.ModuleType):
     NVMLError_LibraryNotFound = NVMLError_LibraryNotFound
     NVMLError_DriverNotLoaded = NVMLError_DriverNotLoaded
 
-    def __init__(self, gpus: list[FakeGpu], init_error: type[Exception] | None = None,
-                 driver: str = "580.65.06", cuda: int = 13000) -> None:
+    def __init__(
+        self,
+        gpus: list[FakeGpu],
+        init_error: type[Exception] | None = None,
+        driver: str = "580.65.06",
+        cuda: int = 13000,
+    ) -> None:
         super().__init__("pynvml")
         for i, g in enumerate(gpus):
             g.uuid = g.uuid or f"GPU-{i:08d}-aaaa-bbbb-cccc-{i:012d}"
@@ -71,18 +76,18 @@ class FakeNvml(types.ModuleType):
         self.cuda = cuda
         self.calls: list[str] = []
 
-    def nvmlInit(self) -> None:  # noqa: N802 - NVML's names
+    def nvmlInit(self) -> None:
         self.calls.append("init")
         if self.init_error is not None:
             raise self.init_error("fake NVML init failure")
 
-    def nvmlShutdown(self) -> None:  # noqa: N802
+    def nvmlShutdown(self) -> None:
         self.calls.append("shutdown")
 
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+    def nvmlDeviceGetCount(self) -> int:
         return len(self.gpus)
 
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
         if index >= len(self.gpus):
             raise NVMLError("Invalid Argument")
         gpu = self.gpus[index]
@@ -90,33 +95,33 @@ class FakeNvml(types.ModuleType):
             raise NVMLError("GPU is lost")
         return gpu
 
-    def nvmlDeviceGetName(self, h: FakeGpu) -> str:  # noqa: N802
+    def nvmlDeviceGetName(self, h: FakeGpu) -> str:
         return h.name
 
-    def nvmlDeviceGetUUID(self, h: FakeGpu) -> str:  # noqa: N802
+    def nvmlDeviceGetUUID(self, h: FakeGpu) -> str:
         return h.uuid
 
-    def nvmlDeviceGetPciInfo(self, h: FakeGpu) -> Any:  # noqa: N802
+    def nvmlDeviceGetPciInfo(self, h: FakeGpu) -> Any:
         return types.SimpleNamespace(busId=h.pci_bus_id)
 
-    def nvmlDeviceGetMemoryInfo(self, h: FakeGpu) -> Any:  # noqa: N802
+    def nvmlDeviceGetMemoryInfo(self, h: FakeGpu) -> Any:
         if h.fail:
             raise NVMLError("GPU is lost")
         return types.SimpleNamespace(total=h.total, used=h.used, free=h.total - h.used)
 
-    def nvmlDeviceGetCudaComputeCapability(self, h: FakeGpu) -> tuple[int, int]:  # noqa: N802
+    def nvmlDeviceGetCudaComputeCapability(self, h: FakeGpu) -> tuple[int, int]:
         return h.cc
 
-    def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
+    def nvmlSystemGetDriverVersion(self) -> str:
         return self.driver
 
-    def nvmlSystemGetCudaDriverVersion(self) -> int:  # noqa: N802
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
         return self.cuda
 
-    def nvmlDeviceGetComputeRunningProcesses(self, h: FakeGpu) -> list[Any]:  # noqa: N802
+    def nvmlDeviceGetComputeRunningProcesses(self, h: FakeGpu) -> list[Any]:
         return [types.SimpleNamespace(pid=p, usedGpuMemory=m) for p, m in h.processes]
 
-    def nvmlDeviceGetGraphicsRunningProcesses(self, h: FakeGpu) -> list[Any]:  # noqa: N802
+    def nvmlDeviceGetGraphicsRunningProcesses(self, h: FakeGpu) -> list[Any]:
         return []
 
 
@@ -148,8 +153,13 @@ class FakeDeviceModule(types.ModuleType):
 
     def get_device_properties(self, i: int = 0) -> Any:
         g = self.gpus[i]
-        return types.SimpleNamespace(name=g.name, total_memory=g.total, has_bfloat16_conversions=g.bf16, has_fp16=True,
-                                     has_subgroup_matrix_multiply_accumulate_tensor_float32=False)
+        return types.SimpleNamespace(
+            name=g.name,
+            total_memory=g.total,
+            has_bfloat16_conversions=g.bf16,
+            has_fp16=True,
+            has_subgroup_matrix_multiply_accumulate_tensor_float32=False,
+        )
 
     def mem_get_info(self, i: int = 0) -> tuple[int, int]:
         g = self.gpus[i]
@@ -208,8 +218,9 @@ class FakeHardware:
         self._set_nvml(self.nvml)
         self.mp.setattr(torch.version, "cuda", cuda_build)
         self.mp.setattr(torch.version, "hip", None)
-        self.mp.setattr(torch._C, "_cuda_getArchFlags", lambda: "sm_70 sm_75 sm_80 sm_86 sm_90 sm_100 sm_120",
-                        raising=False)
+        self.mp.setattr(
+            torch._C, "_cuda_getArchFlags", lambda: "sm_70 sm_75 sm_80 sm_86 sm_90 sm_100 sm_120", raising=False
+        )
         return self.nvml
 
     def rocm(self, *gpus: FakeGpu, hip: str = "6.4", amdsmi: bool = True) -> None:
@@ -225,13 +236,18 @@ class FakeHardware:
         smi.amdsmi_init = lambda: None  # type: ignore[attr-defined]
         smi.amdsmi_get_processor_handles = lambda: handles  # type: ignore[attr-defined]
         smi.amdsmi_get_gpu_asic_info = lambda h: {  # type: ignore[attr-defined]
-            "market_name": h.name, "target_graphics_version": h.arch}
+            "market_name": h.name,
+            "target_graphics_version": h.arch,
+        }
         smi.amdsmi_get_gpu_vram_usage = lambda h: {  # type: ignore[attr-defined]
-            "vram_total": h.total // 2**20, "vram_used": h.used // 2**20}
+            "vram_total": h.total // 2**20,
+            "vram_used": h.used // 2**20,
+        }
         self.mp.setitem(sys.modules, "amdsmi", smi)
 
-    def plugin(self, device: str, module: str, *gpus: FakeGpu, available: bool = True,
-               install: bool = True) -> FakeDeviceModule | None:
+    def plugin(
+        self, device: str, module: str, *gpus: FakeGpu, available: bool = True, install: bool = True
+    ) -> FakeDeviceModule | None:
         """An out-of-tree backend: its plugin module installed, and torch.<device> registered (or not)."""
         if not install:
             self.mp.setitem(sys.modules, module, None)
@@ -271,8 +287,9 @@ class FakeHardware:
             self.mp.setitem(sys.modules, "torch_tpu", None)
             return
         self.mp.setitem(sys.modules, "torch_tpu", fake_module("torch_tpu"))
-        self.mp.setattr(torch.accelerator, "current_accelerator", lambda check_available=False: types.SimpleNamespace(
-            type="tpu"))
+        self.mp.setattr(
+            torch.accelerator, "current_accelerator", lambda check_available=False: types.SimpleNamespace(type="tpu")
+        )
         self.mp.setattr(torch.accelerator, "is_available", lambda: count > 0)
         self.mp.setattr(torch.accelerator, "device_count", lambda: count)
         self.mp.setattr(torch.accelerator, "get_memory_info", lambda i=None: (30 * GIB, 32 * GIB))

@@ -9,8 +9,19 @@ from nbhw.core.hardware import BackendStatus
 from tests.fakes import GIB, FakeGpu, FakeHardware
 
 TABLE = ("cpu", "cuda", "rocm", "neuron", "tpu", "xpu", "mps", "hpu", "npu", "mlu", "musa")
-DEVICE_STRINGS = {"cpu": "cpu", "cuda": "cuda", "rocm": "cuda", "neuron": "neuron", "tpu": "tpu", "xpu": "xpu",
-                  "mps": "mps", "hpu": "hpu", "npu": "npu", "mlu": "mlu", "musa": "musa"}
+DEVICE_STRINGS = {
+    "cpu": "cpu",
+    "cuda": "cuda",
+    "rocm": "cuda",
+    "neuron": "neuron",
+    "tpu": "tpu",
+    "xpu": "xpu",
+    "mps": "mps",
+    "hpu": "hpu",
+    "npu": "npu",
+    "mlu": "mlu",
+    "musa": "musa",
+}
 PLUGINS = {
     "neuron": ("torch_neuronx", "torch-neuronx"),
     "hpu": ("habana_frameworks.torch", "habana"),
@@ -58,8 +69,12 @@ def test_real_cpu_machine_reports_cpu_usable_and_every_other_row_with_its_reason
 @pytest.mark.parametrize("key", sorted(PLUGINS))
 def test_plugin_backend_usable_lists_its_devices(fake_hw: FakeHardware, key: str) -> None:
     module, _ = PLUGINS[key]
-    fake_hw.plugin(key, module, FakeGpu(name=f"{key} card", total=64 * GIB, used=4 * GIB),
-                   FakeGpu(name=f"{key} card", total=64 * GIB, used=0))
+    fake_hw.plugin(
+        key,
+        module,
+        FakeGpu(name=f"{key} card", total=64 * GIB, used=4 * GIB),
+        FakeGpu(name=f"{key} card", total=64 * GIB, used=0),
+    )
     r = row(key)
     assert r.usable and r.installed and r.reason is None
     assert [d.device for d in r.devices] == [f"{key}:0", f"{key}:1"]
@@ -79,8 +94,9 @@ def test_plugin_installed_but_no_device_says_so_and_points_at_the_hardware(fake_
 
 
 @pytest.mark.parametrize("key", sorted(PLUGINS))
-def test_plugin_that_registers_no_torch_module_is_explained(fake_hw: FakeHardware, key: str,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plugin_that_registers_no_torch_module_is_explained(
+    fake_hw: FakeHardware, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import torch
 
     module, _ = PLUGINS[key]
@@ -108,8 +124,10 @@ def test_plugin_missing_names_the_package_to_install(fake_hw: FakeHardware, key:
 def test_nvidia_usable_from_nvml_without_touching_cuda(fake_hw: FakeHardware) -> None:
     import torch
 
-    fake_hw.nvidia(FakeGpu(name="NVIDIA H100 80GB HBM3", cc=(9, 0), total=80 * GIB, used=2 * GIB),
-                   FakeGpu(name="NVIDIA H100 80GB HBM3", cc=(9, 0)))
+    fake_hw.nvidia(
+        FakeGpu(name="NVIDIA H100 80GB HBM3", cc=(9, 0), total=80 * GIB, used=2 * GIB),
+        FakeGpu(name="NVIDIA H100 80GB HBM3", cc=(9, 0)),
+    )
     r = row("cuda")
     assert r.usable and r.reason is None
     d = r.devices[0]
@@ -128,8 +146,9 @@ def test_nvidia_turing_gets_no_bf16_and_a_note(fake_hw: FakeHardware) -> None:
     assert any("float16" in n for n in d.notes)
 
 
-def test_nvidia_gpu_newer_than_the_torch_build_is_flagged(fake_hw: FakeHardware, monkeypatch: pytest.MonkeyPatch
-                                                          ) -> None:
+def test_nvidia_gpu_newer_than_the_torch_build_is_flagged(
+    fake_hw: FakeHardware, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import torch
 
     fake_hw.nvidia(FakeGpu(name="NVIDIA RTX PRO 6000", cc=(12, 0)))
@@ -151,8 +170,10 @@ def test_cuda_visible_devices_selects_and_renumbers(fake_hw: FakeHardware) -> No
     fake_hw.nvidia(FakeGpu(name="A"), FakeGpu(name="B"), FakeGpu(name="C"))
     fake_hw.env(CUDA_VISIBLE_DEVICES="2,0", CUDA_DEVICE_ORDER="PCI_BUS_ID")
     r = row("cuda")
-    assert [(d.device, d.name, d.details["nvml_index"]) for d in r.devices] == [("cuda:0", "C", "2"),
-                                                                                 ("cuda:1", "A", "0")]
+    assert [(d.device, d.name, d.details["nvml_index"]) for d in r.devices] == [
+        ("cuda:0", "C", "2"),
+        ("cuda:1", "A", "0"),
+    ]
 
 
 def test_cuda_visible_devices_by_uuid(fake_hw: FakeHardware) -> None:
@@ -169,8 +190,9 @@ def test_cuda_visible_devices_pointing_past_the_last_gpu_is_reported(fake_hw: Fa
     assert any("names GPU 3, which does not exist" in n for n in r.notes)
 
 
-def test_cpu_torch_with_nvidia_gpus_present_says_install_a_cuda_build(fake_hw: FakeHardware,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cpu_torch_with_nvidia_gpus_present_says_install_a_cuda_build(
+    fake_hw: FakeHardware, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import torch
 
     fake_hw.nvidia(FakeGpu())
@@ -181,8 +203,9 @@ def test_cpu_torch_with_nvidia_gpus_present_says_install_a_cuda_build(fake_hw: F
     assert "download.pytorch.org/whl/cu" in (r.fix or "")
 
 
-def test_nvml_library_missing_degrades_with_an_explanation(fake_hw: FakeHardware, monkeypatch: pytest.MonkeyPatch
-                                                           ) -> None:
+def test_nvml_library_missing_degrades_with_an_explanation(
+    fake_hw: FakeHardware, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import torch
 
     fake_hw.no_nvml_library()
@@ -219,8 +242,13 @@ def test_rocm_build_is_told_apart_from_nvidia(fake_hw: FakeHardware) -> None:
     assert rows["rocm"].usable and not rows["cuda"].usable
     assert "ROCm build" in (rows["cuda"].reason or "") and "AMD" in (rows["cuda"].reason or "")
     d = rows["rocm"].devices[0]
-    assert (d.device, d.name, d.compute_capability, d.bf16, d.tf32) == ("cuda:0", "AMD Instinct MI300X", "gfx942",
-                                                                       True, True)
+    assert (d.device, d.name, d.compute_capability, d.bf16, d.tf32) == (
+        "cuda:0",
+        "AMD Instinct MI300X",
+        "gfx942",
+        True,
+        True,
+    )
     assert d.total_memory == 192 * GIB
 
 
@@ -318,11 +346,13 @@ def test_a_vendor_adds_a_row_through_the_entry_point_group(monkeypatch: pytest.M
 
     from nbhw.core.hardware import DeviceInfo, Probed
 
-    vendor = backends.Backend("qpu", "Quantum PU", "qpu", "torch-qpu", "torch", lambda: Probed(
-        True, devices=[DeviceInfo(0, "qpu:0", "Q1")]))
+    vendor = backends.Backend(
+        "qpu", "Quantum PU", "qpu", "torch-qpu", "torch", lambda: Probed(True, devices=[DeviceInfo(0, "qpu:0", "Q1")])
+    )
     ep = importlib.metadata.EntryPoint("qpu", "tests.test_backends:VENDOR", backends.ENTRY_POINT_GROUP)
-    monkeypatch.setattr(importlib.metadata, "entry_points",
-                        lambda group=None: [ep] if group == backends.ENTRY_POINT_GROUP else [])
+    monkeypatch.setattr(
+        importlib.metadata, "entry_points", lambda group=None: [ep] if group == backends.ENTRY_POINT_GROUP else []
+    )
     monkeypatch.setitem(globals(), "VENDOR", vendor)
     rows = {r.key: r for r in backends.probe_all()}
     assert rows["qpu"].usable and rows["qpu"].extra and rows["qpu"].devices[0].name == "Q1"

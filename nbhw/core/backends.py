@@ -39,27 +39,88 @@ BUILTIN: tuple[Backend, ...] = (
     Backend("cpu", "CPU", "cpu", "torch", "torch", probes.probe_cpu),
     Backend("cuda", "NVIDIA GPU", "cuda", "torch", "torch", probes.probe_cuda_nvidia),
     Backend("rocm", "AMD GPU", "cuda", "torch (ROCm build)", "torch", probes.probe_cuda_rocm),
-    Backend("neuron", "AWS Trainium", "neuron", "torch-neuronx", "torch_neuronx", probes.plugin_probe(
-        "neuron", "torch_neuronx", "AWS Trainium/Inferentia device",
-        "pip install torch-neuronx --extra-index-url https://pip.repos.neuron.amazonaws.com (on a Trn/Inf instance)")),
+    Backend(
+        "neuron",
+        "AWS Trainium",
+        "neuron",
+        "torch-neuronx",
+        "torch_neuronx",
+        probes.plugin_probe(
+            "neuron",
+            "torch_neuronx",
+            "AWS Trainium/Inferentia device",
+            "pip install torch-neuronx --extra-index-url https://pip.repos.neuron.amazonaws.com (on Trn/Inf)",
+        ),
+    ),
     Backend("tpu", "Google TPU", "tpu", "torch-tpu", "torch_tpu", probes.probe_tpu),
     Backend("xpu", "Intel GPU", "xpu", "torch", "torch", probes.probe_xpu),
     Backend("mps", "Apple Silicon", "mps", "torch", "torch", probes.probe_mps),
-    Backend("hpu", "Intel Gaudi", "hpu", "habana-torch-plugin", "habana_frameworks.torch", probes.plugin_probe(
-        "hpu", "habana_frameworks.torch", "Intel Gaudi accelerator",
-        "install the Intel Gaudi software stack (habana-torch-plugin) on a Gaudi machine")),
-    Backend("npu", "Huawei Ascend NPU", "npu", "torch-npu", "torch_npu", probes.plugin_probe(
-        "npu", "torch_npu", "Ascend NPU", "pip install torch-npu (with the Ascend CANN toolkit)")),
-    Backend("mlu", "Cambricon MLU", "mlu", "torch-mlu", "torch_mlu", probes.plugin_probe(
-        "mlu", "torch_mlu", "Cambricon MLU", "pip install torch-mlu (with Cambricon Neuware)",
-        # transformers' cndev-based check, which leaves the MLU driver uninitialised.
-        env=("PYTORCH_CNDEV_BASED_MLU_CHECK", "1"))),
-    Backend("musa", "Moore Threads GPU", "musa", "torch-musa", "torch_musa", probes.plugin_probe(
-        "musa", "torch_musa", "Moore Threads GPU", "pip install torch-musa (with the MUSA toolkit)")),
-    Backend("sdaa", "Tecorigin SDAA", "sdaa", "torch-sdaa", "torch_sdaa", probes.plugin_probe(
-        "sdaa", "torch_sdaa", "Tecorigin SDAA", "pip install torch-sdaa"), extra=True, only_when_installed=True),
-    Backend("supa", "Biren SUPA", "supa", "torch-supa", "torch_supa", probes.plugin_probe(
-        "supa", "torch_supa", "Biren GPU", "pip install torch-supa"), extra=True, only_when_installed=True),
+    Backend(
+        "hpu",
+        "Intel Gaudi",
+        "hpu",
+        "habana-torch-plugin",
+        "habana_frameworks.torch",
+        probes.plugin_probe(
+            "hpu",
+            "habana_frameworks.torch",
+            "Intel Gaudi accelerator",
+            "install the Intel Gaudi software stack (habana-torch-plugin) on a Gaudi machine",
+        ),
+    ),
+    Backend(
+        "npu",
+        "Huawei Ascend NPU",
+        "npu",
+        "torch-npu",
+        "torch_npu",
+        probes.plugin_probe("npu", "torch_npu", "Ascend NPU", "pip install torch-npu (with the Ascend CANN toolkit)"),
+    ),
+    Backend(
+        "mlu",
+        "Cambricon MLU",
+        "mlu",
+        "torch-mlu",
+        "torch_mlu",
+        probes.plugin_probe(
+            "mlu",
+            "torch_mlu",
+            "Cambricon MLU",
+            "pip install torch-mlu (with Cambricon Neuware)",
+            # transformers' cndev-based check, which leaves the MLU driver uninitialised.
+            env=("PYTORCH_CNDEV_BASED_MLU_CHECK", "1"),
+        ),
+    ),
+    Backend(
+        "musa",
+        "Moore Threads GPU",
+        "musa",
+        "torch-musa",
+        "torch_musa",
+        probes.plugin_probe(
+            "musa", "torch_musa", "Moore Threads GPU", "pip install torch-musa (with the MUSA toolkit)"
+        ),
+    ),
+    Backend(
+        "sdaa",
+        "Tecorigin SDAA",
+        "sdaa",
+        "torch-sdaa",
+        "torch_sdaa",
+        probes.plugin_probe("sdaa", "torch_sdaa", "Tecorigin SDAA", "pip install torch-sdaa"),
+        extra=True,
+        only_when_installed=True,
+    ),
+    Backend(
+        "supa",
+        "Biren SUPA",
+        "supa",
+        "torch-supa",
+        "torch_supa",
+        probes.plugin_probe("supa", "torch_supa", "Biren GPU", "pip install torch-supa"),
+        extra=True,
+        only_when_installed=True,
+    ),
 )
 
 TABLE_KEYS = tuple(b.key for b in BUILTIN if not b.extra)
@@ -103,8 +164,13 @@ def status(backend: Backend) -> BackendStatus:
     """Probe one row; a probe that raises becomes a not-usable row that says what failed."""
     installed = probes.module_installed(backend.module)
     row = BackendStatus(
-        key=backend.key, hardware=backend.hardware, device=backend.device, package=backend.package,
-        installed=installed, version=package_version(backend) if installed else None, usable=False,
+        key=backend.key,
+        hardware=backend.hardware,
+        device=backend.device,
+        package=backend.package,
+        installed=installed,
+        version=package_version(backend) if installed else None,
+        usable=False,
         extra=backend.extra,
     )
     if probes.torch_module() is None:

@@ -38,10 +38,17 @@ def from_pretrained_default() -> Choice:
     if torch is not None and hasattr(torch, "get_default_device"):
         default = str(torch.get_default_device())
     if default and default != "cpu":
-        return Choice("from_pretrained(model)", default,
-                      f"torch.set_default_device({default!r}) is in effect, and from_pretrained follows it")
-    return Choice("from_pretrained(model)", "cpu", "with no device_map, transformers loads the weights on the CPU",
-                  ['pass device_map="auto" (or a device string) to load on an accelerator'])
+        return Choice(
+            "from_pretrained(model)",
+            default,
+            f"torch.set_default_device({default!r}) is in effect, and from_pretrained follows it",
+        )
+    return Choice(
+        "from_pretrained(model)",
+        "cpu",
+        "with no device_map, transformers loads the weights on the CPU",
+        ['pass device_map="auto" (or a device string) to load on an accelerator'],
+    )
 
 
 def device_map_auto(rows: list[BackendStatus], order: Order | None) -> Choice:
@@ -60,8 +67,11 @@ def device_map_auto(rows: list[BackendStatus], order: Order | None) -> Choice:
     for key in EXPLICIT_ONLY:
         if key in usable:
             notes.append(f'{usable[key].hardware}: "auto" does not place on {key}; pass device_map="{key}" explicitly')
-    why = f"accelerate fills {', '.join(picked[:-1]) or 'no accelerator'} first, then {picked[-1]} ({order.source})"
-    return Choice(who, ", ".join(picked), why, notes)
+    if len(picked) > 1:
+        why = f"accelerate fills {', '.join(picked[:-1])} in turn, then spills to {picked[-1]}"
+    else:
+        why = f"no accelerator for accelerate to fill: every layer goes to {picked[0]}"
+    return Choice(who, ", ".join(picked), why, notes, order.source)
 
 
 def _first_usable(order: Order, usable: dict[str, BackendStatus]) -> tuple[str, str]:
@@ -87,13 +97,15 @@ def trainer(rows: list[BackendStatus], order: Order | None) -> Choice:
     notes = ["use_cpu=True forces cpu"]
     if "cuda" in usable and len(usable["cuda"].devices) > 1 and device.startswith("cuda"):
         n = len(usable["cuda"].devices)
-        notes.append(f"{n} GPUs visible: in one process Trainer wraps the model in nn.DataParallel over all {n}; "
-                     f"use `torchrun --nproc_per_node={n}` or `accelerate launch` for DDP")
+        notes.append(
+            f"{n} GPUs visible: in one process Trainer wraps the model in nn.DataParallel over all {n}; "
+            f"use `torchrun --nproc_per_node={n}` or `accelerate launch` for DDP"
+        )
     if os.environ.get("LOCAL_RANK") or os.environ.get("WORLD_SIZE"):
         notes.append("LOCAL_RANK/WORLD_SIZE are set: Trainer runs distributed and uses this rank's device")
     if "torch_xla" in sys.modules or os.environ.get("USE_TORCH_XLA", "").lower() in {"1", "true"}:
         notes.append("torch_xla present: Trainer takes the XLA device instead")
-    return Choice(who, device, f"{why} ({order.source})", notes)
+    return Choice(who, device, why, notes, order.source)
 
 
 def pipeline(rows: list[BackendStatus], order: Order | None) -> Choice:
@@ -104,8 +116,8 @@ def pipeline(rows: list[BackendStatus], order: Order | None) -> Choice:
     device, why = _first_usable(order, _usable(rows))
     notes = ["a model loaded with device_map keeps its placement; pipeline() then uses its first device"]
     missing = [k for k in EXPLICIT_ONLY if k in _usable(rows) and all(s.probe != k for s in order.steps)]
-    notes += [f"pipeline() never picks {k} by itself; pass device=\"{k}\"" for k in missing]
-    return Choice(who, device, f"{why} ({order.source})", notes)
+    notes += [f'pipeline() never picks {k} by itself; pass device="{k}"' for k in missing]
+    return Choice(who, device, why, notes, order.source)
 
 
 def accelerator(rows: list[BackendStatus], order: Order | None) -> Choice:
@@ -117,7 +129,7 @@ def accelerator(rows: list[BackendStatus], order: Order | None) -> Choice:
     if env:
         return Choice(who, env, "ACCELERATE_TORCH_DEVICE is set and wins")
     device, why = _first_usable(order, _usable(rows))
-    return Choice(who, device, f"{why} ({order.source})")
+    return Choice(who, device, why, source=order.source)
 
 
 def all_choices(rows: list[BackendStatus]) -> list[Choice]:

@@ -37,7 +37,7 @@ def _selection(gpus: list[NvmlGpu]) -> tuple[list[int] | None, list[str]]:
     """Indices into CUDA's base order that CUDA_VISIBLE_DEVICES selects, and what looked wrong."""
     cuda = _torch_cuda()
     parse = getattr(cuda, "_parse_visible_devices", None)
-    if parse is None:
+    if cuda is None or parse is None:
         return None, ["this torch has no CUDA_VISIBLE_DEVICES parser to ask; mapping not shown"]
     raw = os.environ.get("CUDA_VISIBLE_DEVICES")
     picked: list[Any] = list(parse())
@@ -52,7 +52,10 @@ def _selection(gpus: list[NvmlGpu]) -> tuple[list[int] | None, list[str]]:
         if int(value) >= len(gpus):
             if raw is None:
                 break
-            problems.append(f"CUDA_VISIBLE_DEVICES={raw!r} names GPU {value}, which does not exist; it and later entries are ignored")
+            problems.append(
+                f"CUDA_VISIBLE_DEVICES={raw!r} names GPU {value}, which does not exist; "
+                "it and later entries are ignored"
+            )
             break
         kept.append(int(value))
     if raw is not None and raw.strip() and not kept and not problems:
@@ -102,7 +105,9 @@ def visible_gpus(gpus: list[NvmlGpu]) -> VisibleGpus:
     rows = [_row(n, base[i]) for n, i in enumerate(selection)]
     pci_rows = [_row(n, gpus[i]) for n, i in enumerate(selection)]
     result = VisibleGpus(rows=rows, exact=exact, problems=problems)
-    result.order_differs_from_nvidia_smi = any(r.nvml_index != p.nvml_index for r, p in zip(rows, pci_rows, strict=True))
+    result.order_differs_from_nvidia_smi = any(
+        r.nvml_index != p.nvml_index for r, p in zip(rows, pci_rows, strict=True)
+    )
     try:
         result.initialised_rows = _initialised_rows(gpus)
     except Exception:

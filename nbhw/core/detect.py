@@ -15,8 +15,13 @@ def torch_build() -> TorchBuild:
     if torch is None:
         return TorchBuild(installed=False)
     version = getattr(torch, "version", None)
-    return TorchBuild(installed=True, version=str(torch.__version__), build=probes.torch_build(torch),
-                      cuda=getattr(version, "cuda", None), hip=getattr(version, "hip", None))
+    return TorchBuild(
+        installed=True,
+        version=str(torch.__version__),
+        build=probes.torch_build(torch),
+        cuda=getattr(version, "cuda", None),
+        hip=getattr(version, "hip", None),
+    )
 
 
 @dataclass
@@ -51,8 +56,10 @@ class Hardware:
         return {
             "torch": to_plain(self.torch),
             "nvidia": {
-                "nvml": self.nvidia.available, "error": self.nvidia.error,
-                "driver_version": self.nvidia.driver_version, "cuda_driver_version": self.nvidia.cuda_driver_version,
+                "nvml": self.nvidia.available,
+                "error": self.nvidia.error,
+                "driver_version": self.nvidia.driver_version,
+                "cuda_driver_version": self.nvidia.cuda_driver_version,
             },
             "backends": to_plain(self.backends),
             "choices": to_plain(self.choices),
@@ -86,5 +93,9 @@ def detect() -> Hardware:
     rows = backends.probe_all()
     view = nvml.read()
     return Hardware(
-        torch=torch_build(), backends=rows, choices=choice.all_choices(rows), env=envcheck.analyse(view), nvidia=view,
+        torch=torch_build(),
+        backends=rows,
+        choices=choice.all_choices(rows),
+        env=envcheck.analyse(view),
+        nvidia=view,
     )

@@ -10,10 +10,24 @@ from nbhw.core.nvml import NvmlView
 
 ALWAYS_SHOWN = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "ACCELERATE_TORCH_DEVICE", "HF_HUB_OFFLINE")
 SHOWN_WHEN_SET = (
-    "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK", "ASCEND_RT_VISIBLE_DEVICES",
-    "MLU_VISIBLE_DEVICES", "MUSA_VISIBLE_DEVICES", "NEURON_RT_VISIBLE_CORES", "HF_HOME", "HF_HUB_CACHE",
-    "TRANSFORMERS_OFFLINE", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ENABLE_MPS_FALLBACK", "PYTORCH_NVML_BASED_CUDA_CHECK",
-    "ACCELERATE_USE_CPU", "USE_TORCH_XLA", "USE_HUB_KERNELS", "LOCAL_RANK", "WORLD_SIZE",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "ZE_AFFINITY_MASK",
+    "ASCEND_RT_VISIBLE_DEVICES",
+    "MLU_VISIBLE_DEVICES",
+    "MUSA_VISIBLE_DEVICES",
+    "NEURON_RT_VISIBLE_CORES",
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "TRANSFORMERS_OFFLINE",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_ENABLE_MPS_FALLBACK",
+    "PYTORCH_NVML_BASED_CUDA_CHECK",
+    "ACCELERATE_USE_CPU",
+    "USE_TORCH_XLA",
+    "USE_HUB_KERNELS",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
 )
 
 
@@ -68,9 +82,11 @@ def _init_warning(visible: cudaenv.VisibleGpus) -> str | None:
     wanted = [r.nvml_index for r in visible.rows]
     if [r.nvml_index for r in actual] == wanted or (not visible.rows and not actual and not visible.hides_all):
         return None
-    return (f"CUDA_VISIBLE_DEVICES is now {os.environ.get('CUDA_VISIBLE_DEVICES')!r}, but CUDA was initialised in "
-            f"this process with a different value ({len(actual)} GPU(s)): changing it after CUDA starts has no "
-            "effect; restart the kernel and set it before importing torch")
+    return (
+        f"CUDA_VISIBLE_DEVICES is now {os.environ.get('CUDA_VISIBLE_DEVICES')!r}, but CUDA was initialised in "
+        f"this process with a different value ({len(actual)} GPU(s)): changing it after CUDA starts has no "
+        "effect; restart the kernel and set it before importing torch"
+    )
 
 
 def analyse(view: NvmlView) -> EnvAnalysis:
@@ -89,7 +105,8 @@ def analyse(view: NvmlView) -> EnvAnalysis:
         how = "" if visible.exact else " (predicted: CUDA's fastest-first order is a driver heuristic)"
         result.warnings.append(
             f"cuda:N does not match nvidia-smi's numbering here{how}; set CUDA_DEVICE_ORDER=PCI_BUS_ID before "
-            "importing torch to make them agree")
+            "importing torch to make them agree"
+        )
     warning = _init_warning(visible)
     if warning:
         result.warnings.append(warning)

@@ -61,6 +61,7 @@ class Choice:
     device: str
     why: str
     notes: list[str] = field(default_factory=list)
+    source: str | None = None
 
 
 @dataclass

@@ -6,6 +6,7 @@ for a fake; every call here goes through :func:`_lib` so the swap takes effect.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import threading
 from dataclasses import dataclass, field
@@ -91,10 +92,8 @@ def reset() -> None:
     """Forget the init result (used by tests, and to retry after a driver install)."""
     with _lock:
         if _state.get("error", "x") is None:
-            try:
+            with contextlib.suppress(Exception):
                 _lib().nvmlShutdown()
-            except Exception:
-                pass
         _state.clear()
 
 

@@ -87,8 +87,14 @@ def probe_cpu() -> Probed:
     flags = _cpu_flags()
     native_bf16 = bool(flags & {"avx512_bf16", "amx_bf16"}) or platform.machine() == "arm64"
     dev = DeviceInfo(
-        index=0, device="cpu", name=cpu_name(), total_memory=int(mem.total), free_memory=int(mem.available),
-        bf16=True, fp16=True, tf32=False,
+        index=0,
+        device="cpu",
+        name=cpu_name(),
+        total_memory=int(mem.total),
+        free_memory=int(mem.available),
+        bf16=True,
+        fp16=True,
+        tf32=False,
     )
     if not native_bf16 and flags:
         dev.notes.append("bf16 runs without native support (no AVX512-BF16/AMX): expect it slower than float32")
@@ -105,9 +111,15 @@ def _nvidia_device(ordinal: int, gpu: nvml.NvmlGpu) -> DeviceInfo:
     # bf16 and tf32 run natively from compute capability 8 (Ampere), the rule torch.cuda.is_bf16_supported uses.
     ampere = cc[0] >= 8 if cc else None
     dev = DeviceInfo(
-        index=ordinal, device=f"cuda:{ordinal}", name=gpu.name, total_memory=gpu.memory_total,
-        free_memory=gpu.memory_free, compute_capability=f"{cc[0]}.{cc[1]}" if cc else None,
-        bf16=ampere, fp16=True if cc else None, tf32=ampere,
+        index=ordinal,
+        device=f"cuda:{ordinal}",
+        name=gpu.name,
+        total_memory=gpu.memory_total,
+        free_memory=gpu.memory_free,
+        compute_capability=f"{cc[0]}.{cc[1]}" if cc else None,
+        bf16=ampere,
+        fp16=True if cc else None,
+        tf32=ampere,
     )
     dev.details.update({"nvml_index": str(gpu.index), "pci_bus_id": gpu.pci_bus_id or "N/A", "uuid": gpu.uuid or "N/A"})
     if gpu.error:
@@ -141,25 +153,37 @@ def probe_cuda_nvidia() -> Probed:
     build = torch_build(torch)
     view = nvml.read()
     if build.startswith("ROCm"):
-        return Probed(False, f"this torch is a ROCm build ({torch.__version__}): it drives AMD GPUs, not NVIDIA",
-                      f"pip install torch --index-url {CUDA_WHEELS}")
+        return Probed(
+            False,
+            f"this torch is a ROCm build ({torch.__version__}): it drives AMD GPUs, not NVIDIA",
+            f"pip install torch --index-url {CUDA_WHEELS}",
+        )
     if build == "CPU":
         driver = "" if view.available else f"; {view.error}"
         gpus = f"; the driver sees {len(view.gpus)} NVIDIA GPU(s)" if view.available and view.gpus else ""
-        return Probed(False, f"this torch ({torch.__version__}) is a CPU-only build{gpus}{driver}",
-                      f"pip install torch --index-url {CUDA_WHEELS} (a cuXYZ at or below the driver's CUDA version)")
+        return Probed(
+            False,
+            f"this torch ({torch.__version__}) is a CPU-only build{gpus}{driver}",
+            f"pip install torch --index-url {CUDA_WHEELS} (a cuXYZ at or below the driver's CUDA version)",
+        )
     if not view.available:
         return Probed(False, view.error, "install the NVIDIA driver (nvidia-smi must work)")
     if not view.gpus:
         return Probed(False, "the NVIDIA driver is loaded but sees no GPU", "check nvidia-smi; on a VM, attach a GPU")
     visible = cudaenv.visible_gpus(view.gpus)
     if visible.hides_all:
-        return Probed(False, "CUDA_VISIBLE_DEVICES is set to an empty string, which hides all GPUs",
-                      "unset CUDA_VISIBLE_DEVICES (or list GPUs) before torch initialises CUDA; restart the kernel")
+        return Probed(
+            False,
+            "CUDA_VISIBLE_DEVICES is set to an empty string, which hides all GPUs",
+            "unset CUDA_VISIBLE_DEVICES (or list GPUs) before torch initialises CUDA; restart the kernel",
+        )
     rows = visible.initialised_rows or visible.rows
     if not rows:
-        return Probed(False, "; ".join(visible.problems) or "CUDA_VISIBLE_DEVICES selects no GPU",
-                      "fix CUDA_VISIBLE_DEVICES (e.g. 0,1) and restart the kernel")
+        return Probed(
+            False,
+            "; ".join(visible.problems) or "CUDA_VISIBLE_DEVICES selects no GPU",
+            "fix CUDA_VISIBLE_DEVICES (e.g. 0,1) and restart the kernel",
+        )
     by_index = {g.index: g for g in view.gpus}
     devices = [_nvidia_device(n, by_index[row.nvml_index]) for n, row in enumerate(rows)]
     for dev in devices:
@@ -188,13 +212,21 @@ def _amd_devices(torch: ModuleType) -> tuple[list[DeviceInfo], list[str]]:
         arch = str(asic.get("target_graphics_version", "")) or None
         total = int(vram["vram_total"]) * 1024**2
         used = int(vram["vram_used"]) * 1024**2
-        devices.append(DeviceInfo(
-            index=ordinal, device=f"cuda:{ordinal}", name=str(asic.get("market_name") or "AMD GPU"),
-            total_memory=total, free_memory=total - used, compute_capability=arch,
-            # ROCm always supports bf16 (torch.cuda.is_bf16_supported); tf32 only on gfx94x/gfx95x, torch's rule.
-            bf16=True, fp16=True, tf32=bool(arch and arch.startswith(("gfx94", "gfx95"))),
-            details={"smi_index": str(idx)},
-        ))
+        devices.append(
+            DeviceInfo(
+                index=ordinal,
+                device=f"cuda:{ordinal}",
+                name=str(asic.get("market_name") or "AMD GPU"),
+                total_memory=total,
+                free_memory=total - used,
+                compute_capability=arch,
+                # ROCm always supports bf16 (torch.cuda.is_bf16_supported); tf32 only on gfx94x/gfx95x, torch's rule.
+                bf16=True,
+                fp16=True,
+                tf32=bool(arch and arch.startswith(("gfx94", "gfx95"))),
+                details={"smi_index": str(idx)},
+            )
+        )
     return devices, []
 
 
@@ -204,11 +236,17 @@ def probe_cuda_rocm() -> Probed:
     assert torch is not None
     build = torch_build(torch)
     if not build.startswith("ROCm"):
-        return Probed(False, f"this torch ({torch.__version__}) is not a ROCm build ({build})",
-                      f"pip install torch --index-url {ROCM_WHEELS}")
+        return Probed(
+            False,
+            f"this torch ({torch.__version__}) is not a ROCm build ({build})",
+            f"pip install torch --index-url {ROCM_WHEELS}",
+        )
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "" or os.environ.get("HIP_VISIBLE_DEVICES", None) == "":
-        return Probed(False, "CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES is empty, which hides all GPUs",
-                      "unset it before torch initialises HIP; restart the kernel")
+        return Probed(
+            False,
+            "CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES is empty, which hides all GPUs",
+            "unset it before torch initialises HIP; restart the kernel",
+        )
     try:
         devices, notes = _amd_devices(torch)
     except Exception as exc:
@@ -225,17 +263,28 @@ def probe_mps() -> Probed:
     mps = torch.backends.mps
     if not mps.is_built():
         where = f"{platform.system()} {platform.machine()}"
-        return Probed(False, f"MPS exists only on macOS with Apple Silicon; this is {where}",
-                      "use a Mac with Apple Silicon (macOS 12.3+) and the standard torch wheel")
+        return Probed(
+            False,
+            f"MPS exists only on macOS with Apple Silicon; this is {where}",
+            "use a Mac with Apple Silicon (macOS 12.3+) and the standard torch wheel",
+        )
     if not mps.is_available():
-        return Probed(False, "this torch has MPS, but this Mac cannot use it (needs Apple Silicon and macOS 12.3+)",
-                      "update macOS to 12.3 or newer on an Apple Silicon Mac")
+        return Probed(
+            False,
+            "this torch has MPS, but this Mac cannot use it (needs Apple Silicon and macOS 12.3+)",
+            "update macOS to 12.3 or newer on an Apple Silicon Mac",
+        )
     total = int(torch.mps.recommended_max_memory())
     dev = DeviceInfo(
-        index=0, device="mps", name=str(mps.get_name()) if hasattr(mps, "get_name") else "Apple GPU",
-        total_memory=total, free_memory=max(0, total - int(torch.mps.driver_allocated_memory())),
+        index=0,
+        device="mps",
+        name=str(mps.get_name()) if hasattr(mps, "get_name") else "Apple GPU",
+        total_memory=total,
+        free_memory=max(0, total - int(torch.mps.driver_allocated_memory())),
         # transformers' rule: bf16 on MPS from macOS 14.
-        bf16=bool(mps.is_macos_or_newer(14, 0)), fp16=True, tf32=False,
+        bf16=bool(mps.is_macos_or_newer(14, 0)),
+        fp16=True,
+        tf32=False,
     )
     return Probed(True, devices=[dev], notes=["unified memory: the GPU shares the Mac's RAM"])
 
@@ -246,20 +295,33 @@ def probe_xpu() -> Probed:
     assert torch is not None
     xpu = getattr(torch, "xpu", None)
     if xpu is None or not xpu._is_compiled():
-        return Probed(False, f"this torch ({torch.__version__}) is built without XPU support",
-                      f"pip install torch --index-url {XPU_WHEELS}")
+        return Probed(
+            False,
+            f"this torch ({torch.__version__}) is built without XPU support",
+            f"pip install torch --index-url {XPU_WHEELS}",
+        )
     if not xpu.is_available():
-        return Probed(False, "no Intel GPU found (or its driver / Level Zero runtime is missing)",
-                      "install the Intel GPU driver; check with `sycl-ls`")
+        return Probed(
+            False,
+            "no Intel GPU found (or its driver / Level Zero runtime is missing)",
+            "install the Intel GPU driver; check with `sycl-ls`",
+        )
     devices = []
     for i in range(xpu.device_count()):
         props = xpu.get_device_properties(i)
         free = _free_memory(xpu, i)
-        devices.append(DeviceInfo(
-            index=i, device=f"xpu:{i}", name=str(props.name), total_memory=int(props.total_memory), free_memory=free,
-            bf16=bool(getattr(props, "has_bfloat16_conversions", True)), fp16=bool(getattr(props, "has_fp16", True)),
-            tf32=bool(getattr(props, "has_subgroup_matrix_multiply_accumulate_tensor_float32", False)),
-        ))
+        devices.append(
+            DeviceInfo(
+                index=i,
+                device=f"xpu:{i}",
+                name=str(props.name),
+                total_memory=int(props.total_memory),
+                free_memory=free,
+                bf16=bool(getattr(props, "has_bfloat16_conversions", True)),
+                fp16=bool(getattr(props, "has_fp16", True)),
+                tf32=bool(getattr(props, "has_subgroup_matrix_multiply_accumulate_tensor_float32", False)),
+            )
+        )
     return Probed(True, devices=devices)
 
 
@@ -286,8 +348,9 @@ def _env(name: str, value: str) -> Iterator[None]:
             os.environ[name] = old
 
 
-def plugin_probe(device: str, module: str, hardware: str, install: str,
-                 env: tuple[str, str] | None = None) -> Callable[[], Probed]:
+def plugin_probe(
+    device: str, module: str, hardware: str, install: str, env: tuple[str, str] | None = None
+) -> Callable[[], Probed]:
     """A probe for an out-of-tree torch backend: import its plugin, then ask ``torch.<device>``."""
 
     def probe() -> Probed:
@@ -305,8 +368,11 @@ def plugin_probe(device: str, module: str, hardware: str, install: str,
         with _env(*env) if env else contextlib.nullcontext():
             available = bool(mod.is_available())
         if not available:
-            return Probed(False, f"{module} is installed but no {hardware} was found (driver or runtime missing?)",
-                          f"run on a machine with a {hardware} and its driver")
+            return Probed(
+                False,
+                f"{module} is installed but no {hardware} was found (driver or runtime missing?)",
+                f"run on a machine with a {hardware} and its driver",
+            )
         return Probed(True, devices=[_plugin_device(mod, device, i) for i in range(int(mod.device_count()))])
 
     return probe
@@ -322,8 +388,15 @@ def _plugin_device(mod: Any, device: str, i: int) -> DeviceInfo:
     bf16 = None
     with contextlib.suppress(Exception):
         bf16 = bool(mod.is_bf16_supported())
-    return DeviceInfo(index=i, device=f"{device}:{i}", name=name, total_memory=total,
-                      free_memory=_free_memory(mod, i), bf16=bf16, fp16=True if bf16 is not None else None)
+    return DeviceInfo(
+        index=i,
+        device=f"{device}:{i}",
+        name=name,
+        total_memory=total,
+        free_memory=_free_memory(mod, i),
+        bf16=bf16,
+        fp16=True if bf16 is not None else None,
+    )
 
 
 def probe_tpu() -> Probed:
@@ -332,7 +405,9 @@ def probe_tpu() -> Probed:
     assert torch is not None
     notes = []
     if module_installed("torch_xla"):
-        notes.append("torch_xla is installed: Trainer and accelerate take the XLA path, device_map needs 'tpu' via torch_tpu")
+        notes.append(
+            "torch_xla is installed: Trainer and accelerate take the XLA path, device_map needs 'tpu' via torch_tpu"
+        )
     install = "pip install torch-tpu (on a Cloud TPU VM)"
     if not module_installed("torch_tpu"):
         return Probed(False, "torch_tpu is not installed", install, notes=notes)
@@ -349,6 +424,16 @@ def probe_tpu() -> Probed:
         with contextlib.suppress(Exception):
             free, total = (int(x) for x in torch.accelerator.get_memory_info(i))
         # transformers: bf16 is always supported on TPUs.
-        devices.append(DeviceInfo(index=i, device=f"tpu:{i}", name="TPU", total_memory=total, free_memory=free,
-                                  bf16=True, fp16=None, tf32=False))
+        devices.append(
+            DeviceInfo(
+                index=i,
+                device=f"tpu:{i}",
+                name="TPU",
+                total_memory=total,
+                free_memory=free,
+                bf16=True,
+                fp16=None,
+                tf32=False,
+            )
+        )
     return Probed(True, devices=devices, notes=notes)

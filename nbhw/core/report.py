@@ -26,10 +26,33 @@ SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
 
 # Distribution names; flash-attn-3 / -4 are the names transformers' compatibility matrix checks for.
 PACKAGES = (
-    "torch", "transformers", "accelerate", "huggingface_hub", "safetensors", "tokenizers", "kernels", "flash-attn",
-    "flash-attn-3", "flash-attn-4", "bitsandbytes", "peft", "deepspeed", "numpy", "ipykernel", "ipywidgets",
-    "ipython", "jupyterlab", "notebook", "jupyter_server", "plotly", "anywidget", "ipylab", "nvidia-ml-py", "amdsmi",
-    "psutil", "nbhw",
+    "torch",
+    "transformers",
+    "accelerate",
+    "huggingface_hub",
+    "safetensors",
+    "tokenizers",
+    "kernels",
+    "flash-attn",
+    "flash-attn-3",
+    "flash-attn-4",
+    "bitsandbytes",
+    "peft",
+    "deepspeed",
+    "numpy",
+    "ipykernel",
+    "ipywidgets",
+    "ipython",
+    "jupyterlab",
+    "notebook",
+    "jupyter_server",
+    "plotly",
+    "anywidget",
+    "ipylab",
+    "nvidia-ml-py",
+    "amdsmi",
+    "psutil",
+    "nbhw",
 )
 
 
@@ -61,8 +84,11 @@ def accelerate_config() -> dict[str, Any]:
             config = yaml.safe_load(path.read_text(encoding="utf-8"))
         except Exception as exc:
             config = {"error": f"could not read: {exc}"}
-    return {"config_file": str(path) if path.is_file() else None, "config": config,
-            "bash_location": shutil.which("accelerate")}
+    return {
+        "config_file": str(path) if path.is_file() else None,
+        "config": config,
+        "bash_location": shutil.which("accelerate"),
+    }
 
 
 def _cudnn() -> str | None:
@@ -81,9 +107,14 @@ def platform_facts() -> dict[str, Any]:
     import psutil
 
     return {
-        "platform": platform.platform(), "system": platform.system(), "machine": platform.machine(),
-        "python": platform.python_version(), "python_executable": sys.executable,
-        "cpu": probes.cpu_name(), "cpu_count": os.cpu_count(), "ram_total": int(psutil.virtual_memory().total),
+        "platform": platform.platform(),
+        "system": platform.system(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "python_executable": sys.executable,
+        "cpu": probes.cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "ram_total": int(psutil.virtual_memory().total),
     }
 
 
@@ -101,9 +132,14 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         """The documented JSON shape (see report.schema.json)."""
         return {
-            "schema_version": SCHEMA_VERSION, "nbhw_version": __version__, "generated_at": self.generated_at,
-            "platform": self.platform, "packages": self.packages, "accelerate": self.accelerate,
-            "cudnn": self.cudnn, **self.hardware.to_dict(),
+            "schema_version": SCHEMA_VERSION,
+            "nbhw_version": __version__,
+            "generated_at": self.generated_at,
+            "platform": self.platform,
+            "packages": self.packages,
+            "accelerate": self.accelerate,
+            "cudnn": self.cudnn,
+            **self.hardware.to_dict(),
         }
 
     def json(self) -> str:
@@ -115,18 +151,23 @@ class Report:
         p = self.platform
         t = self.hardware.torch
         nv = self.hardware.nvidia
+        accelerators = [d.device for d in self.hardware.devices if d.device != "cpu"]
         lines = [
-            f"nbhw {__version__} environment report ({self.generated_at})", "",
-            f"- Platform: {p['platform']}", f"- Python: {p['python']} ({p['python_executable']})",
+            f"nbhw {__version__} environment report ({self.generated_at})",
+            "",
+            f"- Platform: {p['platform']}",
+            f"- Python: {p['python']} ({p['python_executable']})",
             f"- CPU: {p['cpu']} ({p['cpu_count']} logical cores), RAM {size(p['ram_total'])}",
             f"- PyTorch: {t.version or 'not installed'} ({t.build} build)"
             + (f", cuDNN {self.cudnn}" if self.cudnn else ""),
-            f"- NVIDIA driver: {nv.driver_version} (CUDA {nv.cuda_driver_version})" if nv.available
+            f"- NVIDIA driver: {nv.driver_version} (CUDA {nv.cuda_driver_version})"
+            if nv.available
             else f"- NVIDIA driver: none ({nv.error})",
-            f"- Accelerators usable: {', '.join(d.device for d in self.hardware.devices if d.device != 'cpu') or 'none'}",
+            f"- Accelerators usable: {', '.join(accelerators) or 'none'}",
             f"- Accelerate config: {self.accelerate['config_file'] or 'not found'}",
             f"- `accelerate` CLI: {self.accelerate['bash_location'] or 'not found'}",
-            "", "Packages",
+            "",
+            "Packages",
             text_table(("package", "version"), [[k, v or "not installed"] for k, v in self.packages.items()], "  "),
         ]
         if isinstance(self.accelerate["config"], dict):
@@ -154,6 +195,9 @@ def report(hardware: Hardware | None = None) -> Report:
     hw = hardware or detect()
     return Report(
         generated_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        platform=platform_facts(), packages=package_versions(), accelerate=accelerate_config(), cudnn=_cudnn(),
+        platform=platform_facts(),
+        packages=package_versions(),
+        accelerate=accelerate_config(),
+        cudnn=_cudnn(),
         hardware=hw,
     )

@@ -22,8 +22,35 @@ def default_dir() -> Path:
 
 
 def _corpus() -> list[str]:
-    words = ("the model runs on the device with memory and attention; bf16 float16 float32 cuda cpu mps xpu "
-             "hello world tokens layers heads kernels notebook hardware load generate").split()
+    words = [
+        "the",
+        "model",
+        "runs",
+        "on",
+        "the",
+        "device",
+        "with",
+        "memory",
+        "and",
+        "attention;",
+        "bf16",
+        "float16",
+        "float32",
+        "cuda",
+        "cpu",
+        "mps",
+        "xpu",
+        "hello",
+        "world",
+        "tokens",
+        "layers",
+        "heads",
+        "kernels",
+        "notebook",
+        "hardware",
+        "load",
+        "generate",
+    ]
     return [" ".join(words[i:] + words[:i]) for i in range(len(words))]
 
 
@@ -35,19 +62,30 @@ def build(path: Path) -> Path:
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<unk>", "<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(_corpus(), trainer)
     from tokenizers import decoders
 
     tok.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<|endoftext|>",
-                                        pad_token="<|endoftext|>")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", eos_token="<|endoftext|>", pad_token="<|endoftext|>"
+    )
     eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     config = Qwen3Config(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, eos_token_id=eos, pad_token_id=eos,
-        bos_token_id=eos, tie_word_embeddings=False,
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        eos_token_id=eos,
+        pad_token_id=eos,
+        bos_token_id=eos,
+        tie_word_embeddings=False,
     )
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(config)

@@ -40,8 +40,16 @@ def installed(row: BackendStatus) -> str:
 
 
 def _device_cells(d: DeviceInfo) -> list[str]:
-    return [d.device, d.name or "N/A", size(d.total_memory), size(d.free_memory), d.compute_capability or "N/A",
-            yes_no(d.bf16), yes_no(d.fp16), yes_no(d.tf32)]
+    return [
+        d.device,
+        d.name or "N/A",
+        size(d.total_memory),
+        size(d.free_memory),
+        d.compute_capability or "N/A",
+        yes_no(d.bf16),
+        yes_no(d.fp16),
+        yes_no(d.tf32),
+    ]
 
 
 DEVICE_HEADERS = ("device", "name", "total", "free", "capability", "bf16", "fp16", "tf32")
@@ -67,15 +75,23 @@ def hardware_text(hw: Hardware) -> str:
     out.append(text_table(("call", "device", "why"), [[c.who, c.device, c.why] for c in hw.choices], indent="  "))
     out.extend(f"  note ({c.who}): {n}" for c in hw.choices for n in c.notes)
     out += ["", "Environment"]
-    out.append(text_table(("variable", "value", "meaning"),
-                          [[v.name, "unset" if v.value is None else repr(v.value), v.meaning] for v in hw.env.variables],
-                          indent="  "))
+    out.append(
+        text_table(
+            ("variable", "value", "meaning"),
+            [[v.name, "unset" if v.value is None else repr(v.value), v.meaning] for v in hw.env.variables],
+            indent="  ",
+        )
+    )
     if hw.env.gpu_order:
         exact = "" if hw.env.gpu_order_exact else " (predicted)"
         out += ["", f"cuda:N ↔ nvidia-smi{exact}"]
-        out.append(text_table(("device", "nvidia-smi", "pci bus id", "name"),
-                              [[r.device, str(r.nvml_index), r.pci_bus_id or "N/A", r.name or "N/A"]
-                               for r in hw.env.gpu_order], indent="  "))
+        out.append(
+            text_table(
+                ("device", "nvidia-smi", "pci bus id", "name"),
+                [[r.device, str(r.nvml_index), r.pci_bus_id or "N/A", r.name or "N/A"] for r in hw.env.gpu_order],
+                indent="  ",
+            )
+        )
     if hw.env.warnings:
         out += ["", "Warnings"]
         out.extend(f"  ! {w}" for w in hw.env.warnings)
@@ -100,30 +116,49 @@ def _backend_rows_html(hw: Hardware) -> str:
             f'<tr data-backend="{esc(row.key)}"><td><code>{esc(label(row))}</code></td><td>{esc(row.hardware)}</td>'
             f"<td>{esc(row.package)}</td><td>{esc(installed(row))}</td><td>{_status_cell(row)}{notes}</td></tr>"
         )
-    return f'<table class="nbhw-table nbhw-backends"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    return (
+        f'<table class="nbhw-table nbhw-backends"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    )
 
 
 def hardware_html(hw: Hardware) -> str:
     """The devices view as one self-contained HTML fragment."""
-    parts = [STYLE, '<div class="nbhw nbhw-devices">',
-             f"<h3>Accelerators here — torch {esc(hw.torch.version or 'not installed')} ({esc(hw.torch.build)} build)</h3>",
-             _backend_rows_html(hw), "<h3>Devices</h3>",
-             html_table(DEVICE_HEADERS, [_device_cells(d) for d in hw.devices], "nbhw-table nbhw-device-list")]
+    parts = [
+        STYLE,
+        '<div class="nbhw nbhw-devices">',
+        f"<h3>Accelerators here — torch {esc(hw.torch.version or 'not installed')} ({esc(hw.torch.build)} build)</h3>",
+        _backend_rows_html(hw),
+        "<h3>Devices</h3>",
+        html_table(DEVICE_HEADERS, [_device_cells(d) for d in hw.devices], "nbhw-table nbhw-device-list"),
+    ]
     parts += [f'<div class="warn">{esc(d.device)}: {esc(n)}</div>' for d in hw.devices for n in d.notes]
-    parts += ["<h3>Who picks what here</h3>",
-              html_table(("call", "device", "why"), [[c.who, c.device, c.why] for c in hw.choices],
-                         "nbhw-table nbhw-choices")]
+    parts += [
+        "<h3>Who picks what here</h3>",
+        html_table(
+            ("call", "device", "why", "read from"),
+            [[c.who, c.device, c.why, c.source or "—"] for c in hw.choices],
+            "nbhw-table nbhw-choices",
+        ),
+    ]
     parts += [f'<div class="sub">{esc(c.who)}: {esc(n)}</div>' for c in hw.choices for n in c.notes]
-    parts += ["<h3>Environment</h3>", html_table(
-        ("variable", "value", "meaning"),
-        [[v.name, "unset" if v.value is None else repr(v.value), v.meaning] for v in hw.env.variables],
-        "nbhw-table nbhw-env")]
+    parts += [
+        "<h3>Environment</h3>",
+        html_table(
+            ("variable", "value", "meaning"),
+            [[v.name, "unset" if v.value is None else repr(v.value), v.meaning] for v in hw.env.variables],
+            "nbhw-table nbhw-env",
+        ),
+    ]
     if hw.env.gpu_order:
         exact = "" if hw.env.gpu_order_exact else " (predicted)"
-        parts += [f"<h3>cuda:N ↔ nvidia-smi{esc(exact)}</h3>", html_table(
-            ("device", "nvidia-smi", "pci bus id", "name"),
-            [[r.device, str(r.nvml_index), r.pci_bus_id or "N/A", r.name or "N/A"] for r in hw.env.gpu_order],
-            "nbhw-table nbhw-gpu-order")]
+        parts += [
+            f"<h3>cuda:N ↔ nvidia-smi{esc(exact)}</h3>",
+            html_table(
+                ("device", "nvidia-smi", "pci bus id", "name"),
+                [[r.device, str(r.nvml_index), r.pci_bus_id or "N/A", r.name or "N/A"] for r in hw.env.gpu_order],
+                "nbhw-table nbhw-gpu-order",
+            ),
+        ]
     parts += [f'<div class="warn">⚠ {esc(w)}</div>' for w in hw.env.warnings]
     parts.append("</div>")
     return "".join(parts)

@@ -1,0 +1,121 @@
+"""A model's config from a local folder, the local HF cache, or (when online and allowed) the Hub's config.json.
+
+Nothing else is ever fetched: no weights, no code. Configs that need remote code are refused, not run.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nbhw.core.errors import UserError
+
+LOCAL = "local folder"
+CACHE = "HF cache"
+HUB = "Hub config.json"
+
+
+@dataclass
+class ModelConfig:
+    """Where a model's config came from, the config itself (None when unavailable), and why not."""
+
+    model: str
+    config: Any | None
+    source: str | None
+    problem: str | None = None
+
+    @property
+    def available(self) -> bool:
+        """Whether a config was found."""
+        return self.config is not None
+
+
+def hub_offline() -> bool:
+    """Whether huggingface_hub is in offline mode (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE)."""
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}:
+            return True
+    return False
+
+
+def _looks_like_path(model: str) -> bool:
+    return (
+        model.startswith(("/", "./", "../", "~", "\\"))
+        or os.sep in model.strip("/").replace("/", "", 1)
+        or (len(model) > 1 and model[1] == ":")
+    )
+
+
+def _is_repo_id(model: str) -> bool:
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils._validators import validate_repo_id
+
+    try:
+        validate_repo_id(model)
+    except HFValidationError:
+        return False
+    return True
+
+
+def kind(model: str) -> str:
+    """'local' for an existing folder, 'hub' for a valid Hub id; a UserError for anything else."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return "local"
+    if path.exists():
+        raise UserError(f"{model!r} is a file; pass the model's folder (the one holding config.json)")
+    if not _looks_like_path(model) and _is_repo_id(model):
+        return "hub"
+    if _looks_like_path(model):
+        raise UserError(f"no such folder: {model!r}; pass an existing model folder or a Hub id like 'org/name'")
+    raise UserError(f"{model!r} is neither a local folder nor a Hub model id ('org/name', letters, digits, -_.)")
+
+
+def _from_pretrained(where: str, **kwargs: Any) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(where, trust_remote_code=False, **kwargs)
+
+
+def _explain(exc: Exception) -> str:
+    text = " ".join(str(exc).split())
+    if "trust_remote_code" in text:
+        return "this model's config needs trust_remote_code=True; nbhw never runs a model's own code"
+    return f"{type(exc).__name__}: {text[:300]}"
+
+
+def load(model: str, *, offline: bool = False) -> ModelConfig:
+    """Find ``model``'s config without downloading weights; the Hub is asked only when online and not ``offline``."""
+    if kind(model) == "local":
+        folder = Path(model).expanduser()
+        if not (folder / "config.json").is_file():
+            return ModelConfig(model, None, None, f"{model!r} has no config.json")
+        try:
+            return ModelConfig(model, _from_pretrained(str(folder)), LOCAL)
+        except Exception as exc:
+            return ModelConfig(model, None, None, _explain(exc))
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(model, "config.json")
+    if isinstance(cached, str):
+        try:
+            return ModelConfig(model, _from_pretrained(model, local_files_only=True), CACHE)
+        except Exception as exc:
+            return ModelConfig(model, None, None, _explain(exc))
+    if offline or hub_offline():
+        return ModelConfig(model, None, None, f"config not available offline: {model} is not in the local HF cache")
+    return _from_hub(model)
+
+
+def _from_hub(model: str) -> ModelConfig:
+    from huggingface_hub import hf_hub_download
+
+    try:
+        path = hf_hub_download(model, "config.json", etag_timeout=5)
+        return ModelConfig(model, _from_pretrained(str(Path(str(path)).parent)), HUB)
+    except Exception as exc:
+        return ModelConfig(
+            model, None, None, f"config not available: could not fetch {model}'s config.json ({_explain(exc)})"
+        )

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Idempotent set-up on a fresh machine: a .venv with the CPU build of torch and nbhw installed in editable mode.
+#   scripts/setup.sh lab    nbhw + JupyterLab and Notebook 7 (for the quickstart)
+#   scripts/setup.sh test   nbhw + everything the tests need, and Debian's chromium for the browser tests
+set -euo pipefail
+cd "$(dirname "$0")/.."
+what="${1:-test}"
+python="${PYTHON:-python3}"
+
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+# Install torch first, pinned: a bare `torch` requirement would pull a multi-GB CUDA build.
+.venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0"
+case "$what" in
+  lab) .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[lab]" ;;
+  test) .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]" ;;
+  *) echo "usage: scripts/setup.sh [lab|test]" >&2; exit 2 ;;
+esac
+
+if [ "$what" = test ] && ! command -v chromium >/dev/null 2>&1; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null
+fi
+echo "nbhw set up in .venv ($what)"

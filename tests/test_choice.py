@@ -1,0 +1,220 @@
+"""Who picks what: nbhw's answer against what transformers and accelerate really do."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from nbhw.core import choice, detect, libsource
+from nbhw.core.tinymodel import tiny_model_path
+from tests.fakes import FakeGpu, FakeHardware
+
+
+def picks() -> dict[str, str]:
+    return {c.who: c.device for c in detect.detect().choices}
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Path:
+    return tiny_model_path()
+
+
+def _fresh_trainer_device(tmp_path: Path) -> torch.device:
+    from accelerate.state import AcceleratorState, PartialState
+    from transformers import TrainingArguments
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    PartialState._reset_state()
+    device = TrainingArguments(output_dir=str(tmp_path), report_to=[]).device
+    AcceleratorState._reset_state(reset_partial_state=True)
+    return device
+
+
+def test_orders_are_read_from_the_installed_libraries() -> None:
+    trainer = libsource.trainer_order()
+    pipe = libsource.pipeline_order()
+    auto = libsource.auto_memory_order()
+    acc = libsource.accelerate_default_order()
+    assert trainer and pipe and auto and acc
+    assert [s.probe for s in trainer.steps] == [
+        "mps",
+        "xpu",
+        "mlu",
+        "musa",
+        "npu",
+        "hpu",
+        "neuron",
+        "tpu",
+        "cuda",
+        "env",
+    ]
+    assert trainer.steps[1].device == "xpu:0" and trainer.steps[-1].device == "ACCELERATE_TORCH_DEVICE"
+    assert [s.probe for s in pipe.steps] == ["mlu", "musa", "cuda", "npu", "hpu", "xpu", "mps", "else"]
+    assert [s.device for s in auto.steps] == ["npu", "mlu", "sdaa", "musa", "xpu", "hpu", "cuda"]
+    assert [s.probe for s in acc.steps][:3] == ["mps", "mlu", "sdaa"]
+    assert "PartialState.default_device" in acc.source
+
+
+def test_a_changed_library_order_changes_the_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "fakelib"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "training_args.py").write_text(
+        "class TrainingArguments:\n"
+        "    def _setup_devices(self):\n"
+        "        if self.use_cpu:\n            device = torch.device('cpu')\n"
+        "        elif is_torch_cuda_available():\n            device = torch.device('cuda:0')\n"
+        "        elif is_torch_xpu_available():\n            device = torch.device('xpu:0')\n"
+        "        else:\n            device = torch.device('cpu')\n"
+        "        return device\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    order = libsource.read_order("fakelib", "training_args.py", "TrainingArguments._setup_devices")
+    assert order is not None
+    assert [(s.probe, s.device) for s in order.steps] == [("cuda", "cuda:0"), ("xpu", "xpu:0"), ("else", "cpu")]
+
+
+def test_an_unreadable_order_is_reported_not_guessed() -> None:
+    c = choice.trainer([], None)
+    assert c.device == "unknown" and "does not guess" in c.why
+
+
+def test_on_this_cpu_machine_trainer_and_pipeline_really_pick_what_nbhw_says(tmp_path: Path, tiny: Path) -> None:
+    from transformers import pipeline
+
+    said = picks()
+    assert said["from_pretrained(model)"] == "cpu"
+    assert said['from_pretrained(model, device_map="auto")'] == "cpu"
+    assert torch.device(said["TrainingArguments(...).device"]) == _fresh_trainer_device(tmp_path)
+    pipe = pipeline("text-generation", model=str(tiny))
+    assert torch.device(said["pipeline(task, model=...)"]) == pipe.device
+    from accelerate import PartialState
+
+    assert torch.device(said["Accelerator().device"]) == PartialState().default_device
+
+
+def test_accelerate_torch_device_is_the_trainer_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "meta")
+    said = picks()
+    assert said["TrainingArguments(...).device"] == "meta"
+    assert said["Accelerator().device"] == "meta"
+    assert _fresh_trainer_device(tmp_path) == torch.device("meta")
+
+
+def test_device_map_auto_with_no_accelerator_really_lands_on_cpu(tiny: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    said = picks()['from_pretrained(model, device_map="auto")']
+    model = AutoModelForCausalLM.from_pretrained(tiny, device_map="auto")
+    assert {str(p.device) for p in model.parameters()} == {said}
+
+
+def _patch_trainer_probes(monkeypatch: pytest.MonkeyPatch, usable: set[str]) -> None:
+    """Make transformers' own availability checks agree with the faked hardware."""
+    import transformers.training_args as ta
+
+    def answer(value: bool) -> object:
+        return lambda *args, **kwargs: value
+
+    for key in ("mps", "xpu", "mlu", "musa", "npu", "hpu", "neuron", "tpu"):
+        monkeypatch.setattr(ta, f"is_torch_{key}_available", answer(key in usable))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: "cuda" in usable)
+
+    class TorchWithAnyDevice:
+        """torch, except that torch.device accepts device types this build has not registered (mlu, npu, ...)."""
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(torch, name)
+
+        @staticmethod
+        def device(spec: str) -> str:
+            return spec
+
+    monkeypatch.setattr(ta, "torch", TorchWithAnyDevice())
+
+
+@pytest.mark.parametrize(
+    ("usable", "expected"),
+    [
+        ({"xpu"}, "xpu:0"),
+        ({"npu", "mlu"}, "mlu:0"),
+        ({"hpu", "neuron"}, "hpu:0"),
+        ({"musa", "npu"}, "musa:0"),
+    ],
+)
+def test_trainer_order_matches_the_real_trainer_on_faked_hardware(
+    fake_hw: FakeHardware, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, usable: set[str], expected: str
+) -> None:
+    modules = {
+        "npu": "torch_npu",
+        "mlu": "torch_mlu",
+        "musa": "torch_musa",
+        "hpu": "habana_frameworks.torch",
+        "neuron": "torch_neuronx",
+    }
+    for key in usable:
+        dev = fake_hw.xpu(FakeGpu()) if key == "xpu" else fake_hw.plugin(key, modules[key], FakeGpu())
+        assert dev is not None
+        monkeypatch.setattr(dev, "set_device", lambda d: None, raising=False)
+    said = picks()["TrainingArguments(...).device"]
+    assert said == expected
+    _patch_trainer_probes(monkeypatch, usable)
+    from accelerate.state import PartialState
+
+    monkeypatch.setattr(PartialState, "default_device", property(lambda self: torch.device("cpu")))
+    assert str(_fresh_trainer_device(tmp_path)) == expected
+
+
+def test_nvidia_gpus_show_in_auto_trainer_pipeline_and_dataparallel_note(fake_hw: FakeHardware) -> None:
+    fake_hw.nvidia(FakeGpu(), FakeGpu())
+    hw = detect.detect()
+    c = {x.who: x for x in hw.choices}
+    assert c['from_pretrained(model, device_map="auto")'].device == "cuda:0, cuda:1, cpu"
+    assert c["TrainingArguments(...).device"].device == "cuda:0"
+    assert any(
+        "DataParallel" in n and "torchrun --nproc_per_node=2" in n for n in c["TrainingArguments(...).device"].notes
+    )
+    assert c["pipeline(task, model=...)"].device == "cuda:0"
+    assert c["Accelerator().device"].device == "cuda"
+
+
+def test_mps_replaces_the_cpu_budget_in_auto(fake_hw: FakeHardware) -> None:
+    fake_hw.mps()
+    c = {x.who: x.device for x in detect.detect().choices}
+    assert c['from_pretrained(model, device_map="auto")'] == "mps"
+    assert c["TrainingArguments(...).device"] == "mps"
+    assert c["pipeline(task, model=...)"] == "mps:0"
+
+
+def test_accelerate_memory_probe_still_swaps_cpu_for_mps() -> None:
+    path = libsource.library_file("accelerate", "utils/modeling.py")
+    source = libsource.function_source(path, "get_max_memory") if path else None
+    assert source is not None and 'max_memory["mps"]' in source and 'max_memory["cpu"]' in source
+
+
+def test_neuron_and_tpu_get_the_explicit_device_map_note(fake_hw: FakeHardware) -> None:
+    fake_hw.tpu(count=8)
+    fake_hw.plugin("neuron", "torch_neuronx", FakeGpu(name="Trainium2"))
+    c = {x.who: x for x in detect.detect().choices}
+    auto = c['from_pretrained(model, device_map="auto")']
+    assert auto.device == "cpu"
+    assert any('device_map="tpu"' in n for n in auto.notes) and any('device_map="neuron"' in n for n in auto.notes)
+    assert c["TrainingArguments(...).device"].device == "neuron:0"
+    assert any('device="tpu"' in n for n in c["pipeline(task, model=...)"].notes)
+
+
+def test_torch_default_device_changes_from_pretrained(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch, "get_default_device", lambda: torch.device("meta"))
+    c = choice.from_pretrained_default()
+    assert c.device == "meta" and "set_default_device" in c.why
+
+
+def test_use_cpu_and_distributed_notes(fake_hw: FakeHardware) -> None:
+    fake_hw.env(LOCAL_RANK="1", WORLD_SIZE="2")
+    c = {x.who: x for x in detect.detect().choices}["TrainingArguments(...).device"]
+    assert "use_cpu=True forces cpu" in c.notes
+    assert any("LOCAL_RANK" in n for n in c.notes)
+    assert os.environ["WORLD_SIZE"] == "2"

@@ -1,0 +1,79 @@
+"""Configs come from a local folder or the HF cache; the Hub only when online and allowed; mistakes are one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from nbhw.core import modelconfig
+from nbhw.core.errors import UserError
+from nbhw.core.tinymodel import tiny_model_path
+
+
+def test_local_folder_loads_its_config() -> None:
+    found = modelconfig.load(str(tiny_model_path()))
+    assert found.available and found.source == modelconfig.LOCAL
+    assert found.config.model_type == "qwen3" and found.config.num_hidden_layers == 2
+
+
+def test_hf_cache_is_used_without_network(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = tmp_path / "hub"
+    snap = cache / "models--acme--tiny" / "snapshots" / ("a" * 40)
+    snap.mkdir(parents=True)
+    shutil.copy(tiny_model_path() / "config.json", snap / "config.json")
+    (cache / "models--acme--tiny" / "refs").mkdir()
+    (cache / "models--acme--tiny" / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    found = modelconfig.load("acme/tiny")
+    assert found.available and found.source == modelconfig.CACHE, found.problem
+
+
+def test_uncached_hub_id_offline_says_so_and_never_downloads(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_network(*args: object, **kwargs: object) -> None:
+        raise AssertionError("nbhw tried the network")
+
+    monkeypatch.setattr("huggingface_hub.hf_hub_download", no_network)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    found = modelconfig.load("nobody/not-cached-model")
+    assert not found.available and "not available offline" in (found.problem or "")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    found = modelconfig.load("nobody/not-cached-model", offline=True)
+    assert "not available offline" in (found.problem or "")
+
+
+def test_online_fetch_failure_is_a_problem_not_an_exception(monkeypatch: pytest.MonkeyPatch) -> None:
+    def unreachable(*args: object, **kwargs: object) -> str:
+        raise OSError("network unreachable")
+
+    monkeypatch.setattr("huggingface_hub.hf_hub_download", unreachable)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    found = modelconfig.load("nobody/not-cached-model")
+    assert not found.available and "could not fetch" in (found.problem or "")
+
+
+def test_remote_code_configs_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "mystery", "auto_map": {"AutoConfig": "configuration_mystery.MysteryConfig"}})
+    )
+    found = modelconfig.load(str(tmp_path))
+    assert not found.available and "trust_remote_code" in (found.problem or "")
+
+
+@pytest.mark.parametrize(
+    "model",
+    ["./no/such/folder", "/definitely/not/here", "~/nope-nbhw", "bad id with spaces", "org/name/extra", "a" * 200],
+)
+def test_bad_models_are_one_line_user_errors(model: str) -> None:
+    with pytest.raises(UserError) as err:
+        modelconfig.load(model)
+    assert "\n" not in str(err.value)
+
+
+def test_folder_without_config(tmp_path: Path) -> None:
+    found = modelconfig.load(str(tmp_path))
+    assert not found.available and "no config.json" in (found.problem or "")

@@ -1,0 +1,56 @@
+"""The repository keeps its promises: README's commands are the ones CI runs, the code is lint- and type-clean."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def readme_command(comment: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    m = re.search(rf"^(.+?)\s+# {re.escape(comment)}$", text, re.M)
+    assert m, comment
+    return m.group(1).strip()
+
+
+def test_ci_runs_the_test_command_written_in_readme() -> None:
+    ci = (ROOT / ".ci/run").read_text()
+    assert readme_command("the tests") in ci.splitlines()
+
+
+def test_readme_quickstart_command_exists() -> None:
+    assert readme_command("the quickstart notebook in JupyterLab") == "scripts/quickstart.sh"
+    assert "notebooks/quickstart.ipynb" in (ROOT / "scripts/quickstart.sh").read_text()
+
+
+@pytest.mark.slow
+def test_ruff_is_clean() -> None:
+    proc = subprocess.run(
+        [BIN / "ruff", "check", "nbhw", "tests"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stdout
+
+
+@pytest.mark.slow
+def test_mypy_is_clean() -> None:
+    proc = subprocess.run([BIN / "mypy"], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout
+
+
+@pytest.mark.slow
+def test_quickstart_notebook_runs_every_cell_without_errors() -> None:
+    nb = nbformat.read(ROOT / "notebooks/quickstart.ipynb", as_version=4)
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.output_type == "error"]
+    html = "".join(o.get("data", {}).get("text/html", "") for o in outputs)
+    assert 'data-backend="musa"' in html and "environment report" in html
