@@ -1,0 +1,176 @@
+"""Build a model on the meta device through transformers' own __init__ validation: no weights, no downloads.
+
+``from_config`` under ``torch.device("meta")`` runs the same attention / dtype / kernel checks ``from_pretrained``
+runs, so the error it raises is the error the user would get. Before building, :func:`needs_download` says whether
+transformers would fetch a Hub kernel for this ``attn_implementation`` (it does so even on a meta build); callers
+then report "needs download, not checked" instead of building. As a second guard the build runs with the Hub set
+offline, so a download nbhw failed to foresee fails fast instead of happening.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import importlib.util
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+# Auto classes in the order nbhw prefers them when an architecture appears in several mappings.
+AUTO_CLASSES = (
+    ("AutoModelForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
+    ("AutoModelForImageTextToText", "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES"),
+    ("AutoModelForSeq2SeqLM", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
+    ("AutoModelForSpeechSeq2Seq", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES"),
+    ("AutoModelForMaskedLM", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
+    ("AutoModelForSequenceClassification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
+    ("AutoModelForTokenClassification", "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES"),
+    ("AutoModelForQuestionAnswering", "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES"),
+    ("AutoModelForImageClassification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
+    ("AutoModelForCTC", "MODEL_FOR_CTC_MAPPING_NAMES"),
+)
+GENERATIVE = {
+    "AutoModelForCausalLM",
+    "AutoModelForImageTextToText",
+    "AutoModelForSeq2SeqLM",
+    "AutoModelForSpeechSeq2Seq",
+}
+
+
+def auto_class_name(config: Any) -> str:
+    """The Auto class a user would load this config with: by its architecture, else by model type; AutoModel last."""
+    from transformers.models.auto import modeling_auto
+
+    archs = list(getattr(config, "architectures", None) or [])
+    model_type = getattr(config, "model_type", None)
+    for name, mapping_name in AUTO_CLASSES:
+        mapping = getattr(modeling_auto, mapping_name, {})
+        if any(arch in set(mapping.values()) for arch in archs):
+            return name
+    for name, mapping_name in AUTO_CLASSES:
+        if model_type in getattr(modeling_auto, mapping_name, {}):
+            return name
+    return "AutoModel"
+
+
+def model_class(config: Any, auto_name: str | None = None) -> Any:
+    """The concrete model class (e.g. Qwen3ForCausalLM) the Auto class maps this config to."""
+    import transformers
+
+    auto = getattr(transformers, auto_name or auto_class_name(config))
+    return auto._model_mapping[type(config)]
+
+
+def kernels_status() -> tuple[bool, str]:
+    """Whether transformers can use Hub kernels here, and a one-line why (version range from transformers)."""
+    from transformers.utils import import_utils
+
+    low, high = import_utils.KERNELS_MIN_VERSION, import_utils.KERNELS_MAX_VERSION
+    if importlib.util.find_spec("kernels") is None:
+        return False, f"the kernels package is not installed (transformers accepts kernels>={low},<{high})"
+    if not import_utils.is_kernels_available():
+        version = importlib.metadata.version("kernels")
+        return False, f"kernels {version} is installed, but this transformers needs kernels>={low},<{high}"
+    return True, f"kernels is installed and within transformers' range >={low},<{high}"
+
+
+def is_hub_kernel(attn_implementation: str | None) -> bool:
+    """Whether the value names a Hub kernel repo ("org/repo[@rev][:func]"), by transformers' own rule."""
+    from transformers.integrations import hub_kernels
+
+    return bool(hub_kernels.is_kernel(attn_implementation))
+
+
+def flash_package_installed(version: int) -> bool:
+    """Whether the flash-attention package for FA2/3/4 is installed, by transformers' compatibility matrix."""
+    from transformers.modeling_flash_attention_utils import FLASH_ATTENTION_COMPATIBILITY_MATRIX
+
+    entry = FLASH_ATTENTION_COMPATIBILITY_MATRIX.get(version)
+    return bool(entry and entry["pkg_availability_check"]())
+
+
+def needs_download(attn_implementation: str | None) -> bool:
+    """Whether building with this attn_implementation would make transformers download a Hub kernel."""
+    if attn_implementation is None:
+        return False
+    impl = attn_implementation.split("|")[-1]
+    kernels_ok = kernels_status()[0]
+    if is_hub_kernel(impl):
+        return kernels_ok
+    if impl.startswith("flash_attention_") and impl[-1].isdigit():
+        return kernels_ok and not flash_package_installed(int(impl[-1]))
+    return False
+
+
+@contextlib.contextmanager
+def hub_offline() -> Iterator[None]:
+    """Make huggingface_hub refuse the network for the duration (the second guard against downloads)."""
+    from huggingface_hub import constants
+
+    old = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = old
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Silence transformers' logging and warnings during a dry build; problems come back as values."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+@dataclass
+class MetaBuild:
+    """The outcome of a meta-device build: the model, or the exception transformers raised."""
+
+    model: Any | None
+    error: str | None = None
+    error_type: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether transformers accepted the combination."""
+        return self.error is None
+
+
+def _dtype(dtype: Any) -> Any:
+    import torch
+
+    if dtype is None or dtype == "auto" or not isinstance(dtype, str):
+        return dtype
+    return getattr(torch, dtype)
+
+
+def build(
+    config: Any, *, dtype: Any = None, attn_implementation: Any = None, auto_name: str | None = None
+) -> MetaBuild:
+    """Instantiate ``config`` on the meta device with these options; never downloads, never raises."""
+    import copy
+
+    import torch
+    import transformers
+
+    auto = getattr(transformers, auto_name or auto_class_name(config))
+    kwargs: dict[str, Any] = {}
+    if dtype is not None:
+        kwargs["dtype"] = _dtype(dtype)
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    try:
+        with quiet(), hub_offline(), torch.device("meta"):
+            model = auto.from_config(copy.deepcopy(config), **kwargs)
+    except Exception as exc:
+        return MetaBuild(None, " ".join(str(exc).split()), type(exc).__name__)
+    return MetaBuild(model)
