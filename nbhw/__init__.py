@@ -12,6 +12,8 @@ from nbhw._version import __version__
 
 # Public name -> "module:attribute", imported on first use.
 _LAZY = {
+    "attention": "nbhw.core.attention:advise",
+    "AttentionAdvice": "nbhw.core.attention:AttentionAdvice",
     "detect": "nbhw.core.detect:detect",
     "Hardware": "nbhw.core.detect:Hardware",
     "report": "nbhw.core.report:report",
@@ -19,9 +21,11 @@ _LAZY = {
 }
 
 __all__ = [
+    "AttentionAdvice",
     "Hardware",
     "UserError",
     "__version__",
+    "attention",
     "detect",
     "load_ipython_extension",
     "report",

@@ -29,7 +29,13 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _attention(args: argparse.Namespace) -> int:
-    raise UserError("nbhw attention: not available in this version")
+    import json
+
+    from nbhw.core.attention import advise
+
+    advice = advise(args.model, device=args.device, dtype=args.dtype, kernel=args.kernel, offline=args.offline)
+    print(json.dumps(advice.to_dict(), indent=2) if args.json else advice.text())
+    return 0
 
 
 def _plan(args: argparse.Namespace) -> int:

@@ -66,7 +66,13 @@ class HwMagics(Magics):
         raise UserError("%hw memory: not available in this version")
 
     def _run_attention(self, args: argparse.Namespace) -> None:
-        raise UserError("%hw attention: not available in this version")
+        from nbhw.core.attention import advise
+
+        advice = advise(args.model, device=args.device, dtype=args.dtype, kernel=args.kernel, offline=args.offline)
+        if args.json:
+            print(json.dumps(advice.to_dict(), indent=2))
+        else:
+            display(advice)
 
     def _run_load(self, args: argparse.Namespace) -> None:
         raise UserError("%hw load: not available in this version")

@@ -69,6 +69,7 @@ def _attention(p: argparse.ArgumentParser) -> None:
         "--device", metavar="DEV", help="device to advise for, e.g. cuda:0, cpu, mps (default: the best usable)"
     )
     p.add_argument("--dtype", help="dtype to advise for: float32, float16, bfloat16, auto")
+    p.add_argument("--kernel", metavar="ORG/REPO[:FUNC]", help="also check this Hub kernel as attn_implementation")
     _model_options(p)
     _json(p)
 

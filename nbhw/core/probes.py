@@ -78,14 +78,21 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+def cpu_native_bf16() -> bool | None:
+    """Whether the CPU computes bf16 natively (AVX512-BF16 / AMX, Apple arm64); None when it can't tell."""
+    flags = _cpu_flags()
+    if bool(flags & {"avx512_bf16", "amx_bf16"}) or platform.machine() == "arm64":
+        return True
+    return False if flags else None
+
+
 def probe_cpu() -> Probed:
     """The CPU is always usable; bf16 speed depends on AVX512-BF16 / AMX."""
     import psutil
 
     torch = torch_module()
     mem = psutil.virtual_memory()
-    flags = _cpu_flags()
-    native_bf16 = bool(flags & {"avx512_bf16", "amx_bf16"}) or platform.machine() == "arm64"
+    native_bf16 = cpu_native_bf16()
     dev = DeviceInfo(
         index=0,
         device="cpu",
@@ -96,7 +103,7 @@ def probe_cpu() -> Probed:
         fp16=True,
         tf32=False,
     )
-    if not native_bf16 and flags:
+    if native_bf16 is False:
         dev.notes.append("bf16 runs without native support (no AVX512-BF16/AMX): expect it slower than float32")
     if torch is not None:
         with contextlib.suppress(Exception):

@@ -10,6 +10,7 @@ import os
 import shutil
 import threading
 from pathlib import Path
+from typing import Any
 
 NAME = "nbhw-tiny-qwen3"
 _lock = threading.Lock()
@@ -54,11 +55,32 @@ def _corpus() -> list[str]:
     return [" ".join(words[i:] + words[:i]) for i in range(len(words))]
 
 
+def tiny_config(vocab_size: int = 300, eos: int = 1) -> Any:
+    """The tiny Qwen3's config (in memory, nothing written): also the reference class for hardware-only advice."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        eos_token_id=eos,
+        pad_token_id=eos,
+        bos_token_id=eos,
+        tie_word_embeddings=False,
+        architectures=["Qwen3ForCausalLM"],
+    )
+
+
 def build(path: Path) -> Path:
     """Write the tiny model (tokenizer + random weights) into ``path``; returns ``path``."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+    from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -72,21 +94,7 @@ def build(path: Path) -> Path:
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tok, unk_token="<unk>", eos_token="<|endoftext|>", pad_token="<|endoftext|>"
     )
-    eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    config = Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=256,
-        eos_token_id=eos,
-        pad_token_id=eos,
-        bos_token_id=eos,
-        tie_word_embeddings=False,
-    )
+    config = tiny_config(len(tokenizer), tokenizer.convert_tokens_to_ids("<|endoftext|>"))
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(config)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
