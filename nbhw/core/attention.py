@@ -441,7 +441,9 @@ def check(key: str, kind: str, env: Env) -> AttentionRow:
     would_download = v.downloads or (metabuild.needs_download(key) and v.status != WONT)
     if would_download:
         repo = v.downloads or env.fallback.get(key.removeprefix("paged|"), key)
-        row.status = DOWNLOAD if v.status in {HUB, WORKS} else v.status
+        if v.status in {HUB, WORKS}:
+            # For a model the row stays unvalidated; for the hardware alone the rules' answer is the answer.
+            row.status = HUB if env.model.reference else DOWNLOAD
         row.check = f"not checked: a build would download {repo} from the Hub"
         return row
     if v.device_dependent and not env.target.live:
@@ -501,6 +503,7 @@ class AttentionAdvice:
     model: str | None
     model_source: str | None
     model_class: str
+    auto_class: str
     device: str
     device_type: str
     present: bool
@@ -713,6 +716,7 @@ def advise(
         model=model,
         model_source=facts.source,
         model_class=facts.class_name,
+        auto_class=facts.auto_class,
         device=target.device,
         device_type=target.device_type,
         present=target.present,

@@ -1,0 +1,450 @@
+"""The attention / kernel / dtype advisor agrees with what transformers itself does; faked GPUs give the right rows."""
+
+from __future__ import annotations
+
+import ast
+import copy
+import enum
+import importlib.machinery
+import importlib.util
+import json
+import textwrap
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+from IPython.core.error import UsageError
+
+from nbhw.__main__ import main
+from nbhw.core import attention, kernelmap, metabuild
+from nbhw.core.attention import DEPENDS, DOWNLOAD, HUB, STATUSES, WONT, WORKS, advise
+from nbhw.core.errors import UserError
+from nbhw.core.libsource import library_file
+from tests.fakes import FakeGpu
+
+# ---------------------------------------------------------------- tiny local models
+
+
+def _configs() -> dict[str, Any]:
+    from transformers import BloomConfig, GPT2Config, GPTNeoConfig, LlamaConfig, Qwen3Config
+
+    small = {"vocab_size": 300, "bos_token_id": 1, "eos_token_id": 1, "pad_token_id": 1}
+    return {
+        "qwen3": Qwen3Config(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, architectures=["Qwen3ForCausalLM"], **small,
+        ),
+        "llama": LlamaConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, architectures=["LlamaForCausalLM"], **small,
+        ),
+        # A class without sdpa, flash or flex attention.
+        "bloom": BloomConfig(hidden_size=64, n_layer=2, n_head=4, architectures=["BloomForCausalLM"], **small),
+        # sdpa and flash attention, but no flex_attention.
+        "gpt2": GPT2Config(n_embd=64, n_layer=2, n_head=4, architectures=["GPT2LMHeadModel"], **small),
+        # flash attention but no sdpa, and its own attention table (not transformers' AttentionInterface).
+        "gptneo": GPTNeoConfig(
+            hidden_size=64, num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]],
+            architectures=["GPTNeoForCausalLM"], **small,
+        ),
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each tiny config saved as a local model folder (config.json only: advice never needs weights)."""
+    root = tmp_path_factory.mktemp("models")
+    found = {}
+    for name, config in _configs().items():
+        config.save_pretrained(root / name)
+        found[name] = root / name
+    return found
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test here may reach the Hub."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def transformers_builds(config: Any, auto_class: str, key: str, dtype: str) -> tuple[bool, str | None]:
+    """Independently of nbhw: does transformers build this config on the meta device with this attn_implementation?"""
+    import torch
+    import transformers
+
+    auto = getattr(transformers, auto_class)
+    try:
+        with warnings.catch_warnings(), torch.device("meta"):
+            warnings.simplefilter("ignore")
+            model = auto.from_config(copy.deepcopy(config), dtype=getattr(torch, dtype), attn_implementation=key)
+    except Exception:
+        return False, None
+    return True, str(model.config._attn_implementation)
+
+
+def fake_flash_packages(monkeypatch: pytest.MonkeyPatch, *dists: str) -> None:
+    """flash-attn distributions 'installed', at the boundary transformers checks: find_spec + packages_distributions."""
+    import transformers.modeling_flash_attention_utils as flash_utils
+    from transformers.utils import import_utils
+
+    imports = {"flash-attn": "flash_attn", "flash-attn-3": "flash_attn_interface", "flash-attn-4": "flash_attn"}
+    fake: dict[str, list[str]] = {}
+    for dist in dists:
+        fake.setdefault(imports[dist], []).append(dist.replace("-", "_"))
+    real_find_spec = importlib.util.find_spec
+    real_mapping = import_utils._package_distribution_mapping()
+
+    def find_spec(name: str, *args: Any, **kwargs: Any) -> Any:
+        return importlib.machinery.ModuleSpec(name, None) if name in fake else real_find_spec(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(flash_utils, "_package_distribution_mapping", lambda: {**real_mapping, **fake})
+
+
+def fake_kernels_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernels version within transformers' range, at the boundary nbhw and transformers ask."""
+    from transformers.utils import import_utils
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(import_utils, "is_kernels_available", lambda *a, **k: True)
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a, **k: importlib.machinery.ModuleSpec(name, None) if name == "kernels" else real_find_spec(name),
+    )
+
+
+def record_builds(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every attn_implementation nbhw builds with."""
+    built: list[Any] = []
+    real = metabuild.build
+
+    def build(config: Any, **kwargs: Any) -> metabuild.MetaBuild:
+        built.append(kwargs.get("attn_implementation"))
+        return real(config, **kwargs)
+
+    monkeypatch.setattr(metabuild, "build", build)
+    return built
+
+
+# ---------------------------------------------------------------- agreement with transformers on this CPU machine
+
+
+@pytest.mark.parametrize("name", ["qwen3", "llama", "bloom", "gpt2", "gptneo"])
+def test_every_row_agrees_with_a_meta_build_by_transformers(models: dict[str, Path], name: str) -> None:
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    adv = advise(str(models[name]), device="cpu", dtype="bfloat16")
+    keys = [r.key for r in adv.rows]
+    for key in ["eager", *ALL_ATTENTION_FUNCTIONS.valid_keys()]:
+        assert key in keys, f"{key} listed by transformers but not advised"
+    config = _configs()[name]
+    for row in adv.rows:
+        assert row.status in {WORKS, WONT}, (row.key, row.status)  # nothing downloads on this machine
+        assert row.checked, row.key
+        ok, resolved = transformers_builds(config, adv.auto_class, row.key, "bfloat16")
+        assert ok == (row.status == WORKS), (row.key, row.status, row.reason)
+        if ok and resolved != row.key:
+            assert row.resolves_to == resolved, row.key
+
+
+@pytest.mark.parametrize("name", ["qwen3", "llama", "bloom", "gpt2"])
+def test_the_rules_nbhw_reads_agree_with_the_build_without_correction(models: dict[str, Path], name: str) -> None:
+    adv = advise(str(models[name]), device="cpu")
+    for row in adv.rows:
+        assert row.check == "meta build agrees", (row.key, row.check, row.notes)
+
+
+def test_a_model_with_its_own_attention_table_is_corrected_by_the_build(models: dict[str, Path]) -> None:
+    adv = advise(str(models["gptneo"]), device="cpu")
+    paged = adv.row("paged|eager")
+    assert paged.status == WONT and paged.checked and paged.error
+    assert any("nbhw's reading" in n for n in paged.notes)
+
+
+def test_model_flags_drive_the_rows(models: dict[str, Path]) -> None:
+    import transformers
+
+    bloom = advise(str(models["bloom"]), device="cpu")
+    cls = transformers.BloomForCausalLM
+    assert not (cls._supports_sdpa or cls._supports_flash_attn or cls._supports_flex_attn)
+    for key in ("sdpa", "flex_attention", "flash_attention_2", "kernels-community/flash-attn2"):
+        assert bloom.row(key).status == WONT
+        assert attention.NO_SUPPORT in (bloom.row(key).fix or ""), key
+    gpt2 = advise(str(models["gpt2"]), device="cpu")
+    assert gpt2.row("flex_attention").status == WONT and gpt2.row("sdpa").status == WORKS
+
+
+@pytest.mark.parametrize(("name", "default"), [("qwen3", "sdpa"), ("bloom", "eager"), ("gptneo", "eager")])
+def test_none_means_sdpa_and_silently_eager_without_it(models: dict[str, Path], name: str, default: str) -> None:
+    adv = advise(str(models[name]), device="cpu")
+    _, resolved = transformers_builds(_configs()[name], adv.auto_class, None, "bfloat16")  # type: ignore[arg-type]
+    assert adv.default.resolves_to == resolved == default and adv.default.checked
+    if default == "eager":
+        assert "falls back to eager silently" in adv.default.reason
+    assert any(n.startswith("attn_implementation=None") for n in adv.notes)
+
+
+def test_without_a_model_the_hardware_alone_is_checked_with_the_reference_class() -> None:
+    adv = advise(device="cpu")
+    assert adv.model is None and adv.model_class == "Qwen3ForCausalLM"
+    assert adv.row("sdpa").status == WORKS and adv.row("sdpa").checked
+    assert "No model given" in adv.text()
+
+
+def test_kernels_out_of_range_turns_every_hub_feature_off_and_says_the_range() -> None:
+    from transformers.utils import import_utils
+
+    ok, _ = metabuild.kernels_status()
+    assert not ok  # this machine: kernels missing or outside transformers' range
+    adv = advise(device="cpu")
+    rng = f"kernels>={import_utils.KERNELS_MIN_VERSION},<{import_utils.KERNELS_MAX_VERSION}"
+    for key in metabuild_fallbacks():
+        assert adv.row(key).status == WONT and rng in (adv.row(key).fix or "")
+    assert not adv.kernels.use_kernels and rng in (adv.kernels.fix or "")
+
+
+def metabuild_fallbacks() -> list[str]:
+    from transformers.modeling_flash_attention_utils import FLASH_ATTN_KERNEL_FALLBACK
+
+    return list(dict.fromkeys(FLASH_ATTN_KERNEL_FALLBACK.values()))
+
+
+# ---------------------------------------------------------------- faked GPUs
+
+
+def _need(version: int) -> int:
+    from transformers.modeling_flash_attention_utils import FLASH_ATTENTION_COMPATIBILITY_MATRIX
+
+    # FA3/FA4 from transformers' matrix; FA2's Ampere floor is flash-attn's own (the matrix doesn't hold it).
+    return FLASH_ATTENTION_COMPATIBILITY_MATRIX[version].get("cuda_min_major_version") or attention.FA2_MIN_MAJOR
+
+
+@pytest.mark.parametrize("cc", [(7, 5), (8, 0), (9, 0)])
+@pytest.mark.parametrize("installed", [True, False])
+def test_fake_nvidia_gpu_gives_the_flash_rows_of_its_generation(
+    fake_hw: Any, monkeypatch: pytest.MonkeyPatch, models: dict[str, Path], cc: tuple[int, int], installed: bool
+) -> None:
+    fake_hw.nvidia(FakeGpu(cc=cc))
+    if installed:
+        fake_flash_packages(monkeypatch, "flash-attn", "flash-attn-3", "flash-attn-4")
+    adv = advise(str(models["qwen3"]))
+    assert adv.device == "cuda:0" and adv.present and not adv.live
+    for version in (2, 3, 4):
+        row = adv.row(f"flash_attention_{version}")
+        if not installed:
+            # transformers checks the package before the device: a build here says the same, so it is checked.
+            assert row.status == WONT and row.checked and attention.flash_package(version) in row.reason
+        elif cc[0] >= _need(version):
+            assert row.status == WORKS and not row.checked, (version, row)
+            assert "read from transformers' rules" in row.check
+        else:
+            assert row.status == WONT and f"compute capability {_need(version)}.0" in row.reason, (version, row)
+    assert adv.row("sdpa").checked and adv.row("sdpa").status == WORKS
+
+
+@pytest.mark.parametrize(("cc", "dtype", "flag"), [((7, 5), "float16", "fp16=True"), ((8, 0), "bfloat16", "bf16=True")])
+def test_fake_nvidia_dtype_and_training_advice(fake_hw: Any, cc: tuple[int, int], dtype: str, flag: str) -> None:
+    fake_hw.nvidia(FakeGpu(cc=cc), FakeGpu(cc=cc), FakeGpu(cc=cc), FakeGpu(cc=cc))
+    adv = advise()
+    p = adv.precision
+    assert p.dtype == dtype == adv.dtype and flag in p.training
+    assert (p.tf32 is not None) == (cc[0] >= 8)
+    assert "torchrun --nproc_per_node=4 train.py" in p.launch and any("NCCL" in n for n in p.notes)
+
+
+def test_float32_with_flash_attention_says_to_use_half_precision(
+    fake_hw: Any, monkeypatch: pytest.MonkeyPatch, models: dict[str, Path]
+) -> None:
+    fake_hw.nvidia(FakeGpu(cc=(9, 0)))
+    fake_flash_packages(monkeypatch, "flash-attn")
+    row = advise(str(models["llama"]), dtype="float32").row("flash_attention_2")
+    assert row.status == WORKS and "bfloat16" in (row.fix or "") and any("only warns" in n for n in row.notes)
+
+
+def test_fake_rocm_gpu_uses_the_rocm_kernel_table(
+    fake_hw: Any, monkeypatch: pytest.MonkeyPatch, models: dict[str, Path]
+) -> None:
+    fake_hw.rocm(FakeGpu(name="AMD Instinct MI300X", arch="gfx942"))
+    rocm_fallback = fallback_by_running_the_source(rocm=True)
+    adv = advise(str(models["qwen3"]))
+    assert adv.device == "cuda:0" and adv.device_type == "rocm" and adv.kernels.device_key == "rocm"
+    hub_rows = [r.key for r in adv.rows if r.kind == "hub kernel"]
+    assert hub_rows == list(dict.fromkeys(rocm_fallback.values()))
+    assert rocm_fallback["flash_attention_2"] in (adv.row("flash_attention_2").fix or "")
+    assert adv.precision.dtype == "bfloat16"
+    fake_flash_packages(monkeypatch, "flash-attn", "flash-attn-3")
+    adv = advise(str(models["qwen3"]))
+    assert adv.row("flash_attention_2").status == WORKS and adv.row("flash_attention_3").status == WORKS
+
+
+def test_a_device_that_is_valid_but_absent_is_advised_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, models: dict[str, Path]
+) -> None:
+    adv = advise(str(models["qwen3"]), device="cuda:3")
+    assert not adv.present and any("not present here" in n for n in adv.notes)
+    assert "not present here" in adv.text()
+    fake_flash_packages(monkeypatch, "flash-attn-3")
+    row = advise(str(models["qwen3"]), device="cuda").row("flash_attention_3")
+    assert row.status == DEPENDS and "not here to check" in row.reason
+
+
+def test_rows_that_would_download_are_never_built(
+    fake_hw: Any, monkeypatch: pytest.MonkeyPatch, models: dict[str, Path]
+) -> None:
+    fake_hw.nvidia(FakeGpu(cc=(9, 0)))
+    fake_kernels_package(monkeypatch)
+    built = record_builds(monkeypatch)
+    adv = advise(str(models["qwen3"]), kernel="acme/my-attn:attention")
+    for key in ("flash_attention_2", "kernels-community/flash-attn2", "acme/my-attn:attention"):
+        row = adv.row(key)
+        assert row.status == DOWNLOAD and not row.checked and "download" in row.check, key
+        assert key not in built
+    assert "allow_all_kernels=True" in (adv.row("acme/my-attn:attention").fix or "")
+    assert adv.row("flash_attention_2").resolves_to == "kernels-community/flash-attn2"
+    # Without a model the rules' answer stands: the Hub kernel is what transformers would use.
+    assert advise().row("flash_attention_2").status == HUB
+
+
+def test_a_user_kernel_without_kernels_is_checked_and_wont_work(models: dict[str, Path]) -> None:
+    row = advise(str(models["qwen3"]), device="cpu", kernel="acme/my-attn").row("acme/my-attn")
+    assert row.kind == "your kernel" and row.status == WONT and row.checked
+
+
+# ---------------------------------------------------------------- reading transformers' tables honestly
+
+
+class _Mode(enum.Flag):
+    INFERENCE = enum.auto()
+    TRAINING = enum.auto()
+    TORCH_COMPILE = enum.auto()
+
+
+def _function_source(relative: str, name: str) -> str:
+    path = library_file("transformers", relative)
+    assert path is not None
+    text = path.read_text(encoding="utf-8")
+    node = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef) and n.name == name)
+    return textwrap.dedent(ast.get_source_segment(text, node) or "")
+
+
+def test_kernel_mapping_read_with_ast_equals_running_transformers_code_with_stand_ins() -> None:
+    """Run transformers' own _build_kernel_mapping with recording stand-ins for the kernels package's classes."""
+    namespace: dict[str, Any] = {
+        "Mode": _Mode,
+        "LayerRepository": lambda **kw: f"{kw['repo_id']}:{kw['layer_name']}",
+        "Device": lambda type, properties=None: type,
+        "CUDAProperties": dict,
+        "ROCMProperties": dict,
+    }
+    exec(_function_source(kernelmap.HUB_KERNELS_FILE, "_build_kernel_mapping"), namespace)
+    ran = namespace["_build_kernel_mapping"]()
+    expected = set()
+    for layer, devices in ran.items():
+        for device, repo in devices.items():
+            repos = repo.values() if isinstance(repo, dict) else [repo]
+            expected |= {(layer, device, r) for r in repos}
+    mapping = kernelmap.default_mapping()
+    assert mapping.problem is None
+    read = {(e.layer, e.device, r) for e in mapping.entries for r in e.repos}
+    assert read == expected and len(read) > 20
+
+
+def fallback_by_running_the_source(*, rocm: bool) -> dict[str, str]:
+    path = library_file("transformers", kernelmap.FLASH_UTILS_FILE)
+    assert path is not None
+    text = path.read_text(encoding="utf-8")
+    node = next(
+        n
+        for n in ast.walk(ast.parse(text))
+        if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "FLASH_ATTN_KERNEL_FALLBACK"
+    )
+    namespace: dict[str, Any] = {"is_rocm_platform": lambda: rocm}
+    exec(ast.get_source_segment(text, node) or "", namespace)
+    table: dict[str, str] = namespace["FLASH_ATTN_KERNEL_FALLBACK"]
+    return table
+
+
+@pytest.mark.parametrize("rocm", [True, False])
+def test_flash_kernel_fallback_for_either_platform(rocm: bool) -> None:
+    assert kernelmap.flash_kernel_fallback(rocm=rocm) == fallback_by_running_the_source(rocm=rocm)
+
+
+def test_kernels_section_names_the_model_layers_and_a_valid_device_key(fake_hw: Any, models: dict[str, Path]) -> None:
+    from transformers.utils.kernel_config import KERNELS_SUPPORTED_DEVICE_TYPES
+
+    fake_hw.nvidia(FakeGpu(cc=(9, 0)))
+    adv = advise(str(models["llama"]))
+    k = adv.kernels
+    assert k.kernel_config_keys == list(KERNELS_SUPPORTED_DEVICE_TYPES) and k.device_key == "cuda"
+    assert "RMSNorm" in k.model_layers and "RMSNorm" in {e.layer for e in k.layers}
+    assert 'kernel_mapping={"RMSNorm": {"cuda": ' in k.example and "use_kernels=True" in k.example
+    compile(k.example, "<example>", "exec")
+    cpu = advise(str(models["llama"]), device="cpu").kernels
+    assert "cpu is not one of them" in cpu.example
+
+
+# ---------------------------------------------------------------- forms: text, HTML, JSON
+
+
+def test_text_html_and_json_forms(models: dict[str, Path]) -> None:
+    adv = advise(str(models["qwen3"]), device="cpu", dtype="bfloat16")
+    text = adv.text()
+    for row in adv.rows:
+        assert row.key in text
+    for part in ("What transformers does without telling you", "Hub kernels", "training: TrainingArguments("):
+        assert part in text
+    bundle = adv._repr_mimebundle_()
+    assert bundle["text/plain"] == text and "<table" in bundle["text/html"] and "&#x27;" in bundle["text/html"]
+    data = json.loads(json.dumps(adv.to_dict()))
+    assert {r["status"] for r in data["rows"]} <= set(STATUSES)
+    assert data["model_class"] == "Qwen3ForCausalLM" and data["precision"]["dtype"] == "bfloat16"
+    assert "config" not in json.dumps(data["rows"])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"device": "gpu"}, "cuda:N"),
+        ({"device": "cuda:x"}, "cuda:N"),
+        ({"dtype": "fp8"}, "bfloat16"),
+        ({"kernel": "not a kernel"}, "ORG/REPO"),
+    ],
+)
+def test_mistakes_are_one_line_user_errors_naming_valid_values(kwargs: dict[str, str], words: str) -> None:
+    with pytest.raises(UserError) as err:
+        advise(**kwargs)
+    assert "\n" not in str(err.value) and "valid" in str(err.value) and words in str(err.value)
+
+
+# ---------------------------------------------------------------- %hw attention and python -m nbhw attention
+
+
+def test_hw_attention_magic_text_and_json(ip: Any, models: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    ip.run_line_magic("load_ext", "nbhw")
+    ip.run_line_magic("hw", f"attention {models['bloom']} --device cpu")
+    out = capsys.readouterr().out
+    assert "BloomForCausalLM" in out and "falls back to eager silently" in out
+    ip.run_line_magic("hw", f"attention {models['bloom']} --json")
+    data = json.loads(capsys.readouterr().out)
+    assert data["default"]["resolves_to"] == "eager"
+
+
+@pytest.mark.parametrize("line", ["attention --device gpu", "attention --dtype fp8", "attention --bogus"])
+def test_hw_attention_mistakes_are_usage_errors(ip: Any, line: str) -> None:
+    ip.run_line_magic("load_ext", "nbhw")
+    with pytest.raises(UsageError) as err:
+        ip.run_line_magic("hw", line)
+    assert "valid" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_cli_attention(models: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["attention", str(models["gpt2"]), "--device", "cpu", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {r["key"]: r["status"] for r in data["rows"]}["flex_attention"] == WONT
+    assert main(["attention", "--device", "cuda:x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "valid" in err
+    assert main(["attention", "nobody/not-cached-anywhere", "--offline"]) == 2
+    assert "not available offline" in capsys.readouterr().err
