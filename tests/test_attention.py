@@ -183,7 +183,7 @@ def test_none_means_sdpa_and_silently_eager_without_it(models: dict[str, Path], 
     assert adv.default.resolves_to == resolved == default and adv.default.checked
     if default == "eager":
         assert "falls back to eager silently" in adv.default.reason
-    assert any(n.startswith("attn_implementation=None") for n in adv.notes)
+    assert any(n.startswith("attn_implementation=None") for n in adv.silent)
 
 
 def test_without_a_model_the_hardware_alone_is_checked_with_the_reference_class() -> None:
@@ -383,6 +383,8 @@ def test_kernels_section_names_the_model_layers_and_a_valid_device_key(fake_hw: 
     compile(k.example, "<example>", "exec")
     cpu = advise(str(models["llama"]), device="cpu").kernels
     assert "cpu is not one of them" in cpu.example
+    bloom = advise(str(models["bloom"])).kernels
+    assert bloom.model_layers == [] and not bloom.use_kernels and "marks no layer" in bloom.example
 
 
 # ---------------------------------------------------------------- forms: text, HTML, JSON

@@ -363,7 +363,7 @@ def rule(key: str, env: Env) -> Verdict:
         base = key.removeprefix("paged|")
         verdict = rule(base, env)
         verdict.resolves_to = verdict.resolves_to or base
-        verdict.notes.append("deprecated prefix: transformers strips 'paged|' with a FutureWarning")
+        verdict.notes.append("deprecated alias: transformers strips 'paged|' (FutureWarning)")
         return verdict
     if m.compatible_flash and "flash" in key and key not in m.compatible_flash:
         switched = _compatible_switch(env)
@@ -516,6 +516,7 @@ class AttentionAdvice:
     kernels: KernelsAdvice
     precision: DtypeAdvice
     notes: list[str]
+    silent: list[str]
     transformers: str
 
     def row(self, key: str) -> AttentionRow:
@@ -598,12 +599,12 @@ def _default(env: Env) -> DefaultAttention:
     if built.ok and built.model is not None:
         got = str(built.model.config._attn_implementation)
         if got == "eager" and not m.supports_sdpa:
-            why = f"None means sdpa, but {m.class_name} has no sdpa: transformers falls back to eager silently"
+            why = f"means sdpa, but {m.class_name} has no sdpa: transformers falls back to eager silently"
         else:
-            why = f"None means {got}"
+            why = f"means {got} (for a class without sdpa, transformers would fall back to eager silently)"
         return DefaultAttention(got, why, True)
     fallback = "sdpa" if m.supports_sdpa else "eager"
-    return DefaultAttention(fallback, f"None means sdpa, falling back to eager without sdpa ({built.error})", False)
+    return DefaultAttention(fallback, f"means sdpa, or eager without sdpa; a build failed: {built.error}", False)
 
 
 def _kernels_advice(env: Env, example_model: str) -> KernelsAdvice:
@@ -639,20 +640,20 @@ def _kernel_example(
             f"# KernelConfig accepts device keys {', '.join(keys)}; {device_key} is not one of them.\n"
             f'model = AutoModelForCausalLM.from_pretrained("{model}", use_kernels=True)'
         )
-    pick = next((e for e in layers if e.layer in model_layers), None)
-    layer, repo = (pick.layer, pick.repos[0]) if pick and pick.repos else ("RMSNorm", "org/repo:LayerName")
-    return (
+    if not model_layers:
+        return "# this model class marks no layer for Hub kernels: use_kernels=True would change nothing"
+    pick = next((e for e in layers if e.layer in model_layers and e.repos), None)
+    layer, repo = (pick.layer, pick.repos[0]) if pick else (model_layers[0], "ORG/REPO:LAYER")
+    lead = "" if pick else f"# the default mapping has no {device_key} kernel for {layer}: name your own\n"
+    return lead + (
         "from transformers import AutoModelForCausalLM, KernelConfig\n"
         f'kernel_config = KernelConfig(kernel_mapping={{"{layer}": {{"{device_key}": "{repo}"}}}})\n'
         f'model = AutoModelForCausalLM.from_pretrained("{model}", use_kernels=True, kernel_config=kernel_config)'
     )
 
 
-def _notes(env: Env, adv_default: DefaultAttention) -> list[str]:
+def _notes(env: Env) -> list[str]:
     t = env.target
-    low, high = env.kernels_range
-    fallbacks = ", ".join(f"{k} -> {v}" for k, v in env.fallback.items())
-    here = "kernels is usable here" if env.kernels_ok else "not here: " + env.kernels_why
     notes = []
     if not t.present:
         notes.append(
@@ -663,13 +664,19 @@ def _notes(env: Env, adv_default: DefaultAttention) -> list[str]:
             f"transformers in this process runs on {t.seen}: rows that depend on the {t.device_type} device are "
             "read from its rules, not built"
         )
-    notes += [
-        f"attn_implementation=None: {adv_default.reason}",
+    return notes
+
+
+def _silent(env: Env, adv_default: DefaultAttention) -> list[str]:
+    low, high = env.kernels_range
+    fallbacks = ", ".join(f"{k} -> {v}" for k, v in env.fallback.items())
+    here = "kernels is usable here" if env.kernels_ok else "not here: " + env.kernels_why
+    return [
+        f"attn_implementation=None (the default) {adv_default.reason}",
         f"flash_attention_N without its package, but with kernels>={low},<{high}, silently downloads a Hub "
         f"kernel at load ({fallbacks}); {here}",
         f"Hub kernels outside {kernelmap.TRUSTED_ORG}/ load only with from_pretrained(..., allow_all_kernels=True)",
     ]
-    return notes
 
 
 def advise(
@@ -728,7 +735,8 @@ def advise(
         rows=rows,
         kernels=_kernels_advice(env, model or "MODEL"),
         precision=advice,
-        notes=_notes(env, default),
+        notes=_notes(env),
+        silent=_silent(env, default),
         transformers=str(transformers.__version__),
     )
 

@@ -75,7 +75,7 @@ def _dtype_lines(a: AttentionAdvice) -> list[str]:
     lines = [f"dtype for {p.device}: {p.dtype} — {p.reason}"]
     if p.tf32:
         lines.append(f"  tf32: {p.tf32}")
-    lines.append(f"  training: TrainingArguments({p.training}) — {p.training_reason}")
+    lines.append(f"  training: {p.training} — {p.training_reason}")
     for launch in p.launch:
         lines.append(f"  launch: {launch}")
     lines += [f"  {n}" for n in p.notes]
@@ -95,7 +95,8 @@ def text(a: AttentionAdvice) -> str:
     if fixes:
         out += ["", "Fixes:", *fixes]
     ref = _reference_line(a)
-    out += ["", "What transformers does without telling you:", *[f"  - {n}" for n in a.notes]]
+    out += [f"  note: {n}" for n in a.notes]
+    out += ["", "What transformers does without telling you:", *[f"  - {n}" for n in a.silent]]
     if ref:
         out += ["", ref]
     out += ["", "Hub kernels (use_kernels=True):", *["  " + line for line in _kernel_lines(a)]]
@@ -115,11 +116,13 @@ def _html_rows(a: AttentionAdvice) -> str:
 def html(a: AttentionAdvice) -> str:
     """The advice as an HTML fragment for Jupyter."""
     ref = _reference_line(a)
-    parts = [STYLE, '<div class="nbhw nbhw-attention-advice">', f"<h3>{esc(_title(a))}</h3>", _html_rows(a)]
+    parts = [STYLE, '<div class="nbhw nbhw-attention-advice">', f"<h3>{esc(_title(a))}</h3>"]
+    parts += [f'<p class="warn">{esc(n)}</p>' for n in a.notes]
+    parts.append(_html_rows(a))
     if ref:
         parts.append(f'<p class="no">{esc(ref)}</p>')
     parts.append("<h3>What transformers does without telling you</h3><ul>")
-    parts += [f"<li>{esc(n)}</li>" for n in a.notes]
+    parts += [f"<li>{esc(n)}</li>" for n in a.silent]
     parts.append("</ul><h3>Hub kernels (use_kernels=True)</h3><ul>")
     parts += [f"<li>{esc(line.strip())}</li>" for line in _kernel_lines(a)]
     parts.append(f"</ul><pre><code>{esc(a.kernels.example)}</code></pre><h3>dtype</h3><ul>")

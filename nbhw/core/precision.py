@@ -50,7 +50,7 @@ def _nvidia(info: DeviceInfo | None) -> tuple[str, str, str | None, str, str]:
             "bfloat16 on Ampere or newer (compute capability >= 8.0), float16 on older GPUs; "
             "the GPU isn't here to check",
             tf32 + " (if this GPU is Ampere or newer)",
-            "bf16=True on Ampere or newer, else fp16=True",
+            "TrainingArguments(bf16=True) on Ampere or newer, TrainingArguments(fp16=True) before",
             "bf16 keeps float32's range (no loss scaling); before Ampere bf16 is emulated, so use fp16",
         )
     if (info is not None and info.bf16) or (major is not None and major >= AMPERE):
@@ -59,7 +59,7 @@ def _nvidia(info: DeviceInfo | None) -> tuple[str, str, str | None, str, str]:
             "bfloat16",
             f"compute capability {cc} (Ampere or newer) runs bf16 natively, with float32's range",
             tf32,
-            "bf16=True, tf32=True",
+            "TrainingArguments(bf16=True, tf32=True)",
             "bf16 mixed precision needs no loss scaling; tf32 speeds the float32 parts",
         )
     cc = info.compute_capability if info else "?"
@@ -67,7 +67,7 @@ def _nvidia(info: DeviceInfo | None) -> tuple[str, str, str | None, str, str]:
         "float16",
         f"compute capability {cc} is older than Ampere (8.0): bf16 is emulated and slow, float16 is native",
         None,
-        "fp16=True",
+        "TrainingArguments(fp16=True)",
         "fp16 mixed precision with loss scaling; bf16 and tf32 need Ampere or newer",
     )
 
@@ -80,7 +80,7 @@ def _rocm(info: DeviceInfo | None) -> tuple[str, str, str | None, str, str]:
         "bfloat16",
         "ROCm GPUs run bf16 natively (torch.cuda.is_bf16_supported() is True on ROCm)",
         tf32,
-        "bf16=True" + (", tf32=True" if tf32 else ""),
+        "TrainingArguments(bf16=True" + (", tf32=True)" if tf32 else ")"),
         "bf16 mixed precision needs no loss scaling",
     )
 
@@ -92,16 +92,16 @@ def _cpu(info: DeviceInfo | None) -> tuple[str, str, str | None, str, str]:
             "bfloat16",
             "this CPU has native bf16 (AVX512-BF16 / AMX or Apple arm64): half the memory of float32 at full speed",
             None,
-            "use_cpu=True, bf16=True",
-            "TrainingArguments(use_cpu=True) forces the CPU; bf16 autocast runs natively here",
+            "TrainingArguments(use_cpu=True, bf16=True)",
+            "use_cpu=True forces the CPU; bf16 autocast runs natively here",
         )
     why = "no native bf16 on this CPU (no AVX512-BF16 / AMX)" if native is False else "bf16 support unknown"
     return (
         "float32",
         f"{why}: bf16 halves memory but runs slower than float32; float16 on CPU is slower still",
         None,
-        "use_cpu=True",
-        "TrainingArguments(use_cpu=True) forces the CPU; keep float32 (bf16 would be emulated)",
+        "TrainingArguments(use_cpu=True)",
+        "use_cpu=True forces the CPU; keep float32 (bf16 would be emulated)",
     )
 
 
@@ -111,7 +111,7 @@ def _mps(info: DeviceInfo | None) -> tuple[str, str, str | None, str, str]:
         "float16",
         f"Apple GPUs run float16 natively on every macOS version; {bf16}",
         None,
-        "fp16=True",
+        "TrainingArguments(fp16=True)",
         "TrainingArguments picks mps by itself; fp16 mixed precision runs on MPS",
     )
 
@@ -122,16 +122,17 @@ def _other(info: DeviceInfo | None, device_type: str) -> tuple[str, str, str | N
             "bfloat16",
             f"{device_type} reports native bf16",
             None,
-            "bf16=True",
+            "TrainingArguments(bf16=True)",
             f"bf16 mixed precision; TrainingArguments finds {device_type} through accelerate",
         )
     if info is not None and info.bf16 is False:
-        return ("float16", f"{device_type} reports no bf16", None, "fp16=True", "fp16 mixed precision")
+        why = f"{device_type} reports no bf16"
+        return ("float16", why, None, "TrainingArguments(fp16=True)", "fp16 mixed precision")
     return (
         "bfloat16",
         f"bf16 is the usual choice on {device_type}; the device isn't here to confirm it",
         None,
-        "bf16=True",
+        "TrainingArguments(bf16=True)",
         f"bf16 mixed precision; TrainingArguments finds {device_type} through accelerate",
     )
 
