@@ -114,7 +114,8 @@ def parse_device(text: str | None, hw: Hardware) -> Target:
         present=index < len(devices),
         info=devices[index] if index < len(devices) else None,
         count=len(devices),
-        live=seen == device_type,
+        # A build answers for the target only if transformers sees that kind of device and the device is here.
+        live=seen == device_type and index < len(devices),
         seen=seen,
     )
 
@@ -284,7 +285,7 @@ def _flash_rule(key: str, version: int, env: Env) -> Verdict:
         if family not in names:
             fix += f"; FlashAttention{version} needs a {where} device, so on {t.device_type} use sdpa"
         # transformers checks the package before the device, so the answer is the same on every device.
-        return Verdict(WONT, f"the {package} package is not installed", fix, device_dependent=family in custom)
+        return Verdict(WONT, f"the {package} package is not installed", fix)
     if family not in names:
         why = f"FlashAttention{version} runs on {where} only, not {t.device_type}"
         return Verdict(WONT, why, "use sdpa on this device", device_dependent=True)
@@ -447,8 +448,9 @@ def check(key: str, kind: str, env: Env) -> AttentionRow:
         row.check = f"not checked: a build would download {repo} from the Hub"
         return row
     if v.device_dependent and not env.target.live:
-        seen, wanted = env.target.seen, env.target.device_type
-        row.check = f"read from transformers' rules: it runs on {seen} here, so a build can't check {wanted}"
+        t = env.target
+        why = f"{t.device} is not here" if not t.present else f"it runs on {t.seen} here"
+        row.check = f"read from transformers' rules: {why}, so a build can't check {t.device_type}"
         return row
     built = _build(key, env)
     row.checked, row.error = True, built.error
@@ -659,7 +661,7 @@ def _notes(env: Env) -> list[str]:
         notes.append(
             f"{t.device} is not present here: the advice follows transformers' rules for a {t.device_type} device"
         )
-    if not t.live:
+    if t.present and not t.live:
         notes.append(
             f"transformers in this process runs on {t.seen}: rows that depend on the {t.device_type} device are "
             "read from its rules, not built"
@@ -692,6 +694,8 @@ def advise(
     ``%hw attention [MODEL] [--device DEV] [--dtype DTYPE] [--kernel ORG/REPO[:FUNC]] [--offline]`` in a notebook,
     ``python -m nbhw attention ...`` in a terminal. Without a model the advice is for the hardware alone (checked
     with nbhw's tiny Qwen3, a class that supports every implementation). Never downloads weights or kernels.
+    On a GPU machine the checks run transformers' own flash-attention checks, which ask torch for the current GPU's
+    compute capability, as ``from_pretrained`` does.
     """
     import transformers
 
