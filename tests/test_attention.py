@@ -279,6 +279,38 @@ def test_fake_rocm_gpu_uses_the_rocm_kernel_table(
     assert adv.row("flash_attention_2").status == WORKS and adv.row("flash_attention_3").status == WORKS
 
 
+def test_fake_xpu_npu_and_tpu_follow_transformers_device_rules(
+    fake_hw: Any, monkeypatch: pytest.MonkeyPatch, models: dict[str, Path]
+) -> None:
+    # Import the model code (and torch._dynamo with it) before a fake torch.xpu claims this torch has XPU.
+    advise(str(models["qwen3"]), device="cpu")
+    fake_hw.xpu(FakeGpu(name="Intel Arc B580"))
+    xpu = advise(str(models["qwen3"]))
+    assert xpu.device == "xpu:0"
+    # On XPU transformers takes FlashAttention 2 from a Hub kernel, so without kernels it can't work.
+    assert xpu.row("flash_attention_2").status == WONT and "kernels" in xpu.row("flash_attention_2").reason
+    fake_kernels_package(monkeypatch)
+    assert advise(str(models["qwen3"])).row("flash_attention_2").status == DOWNLOAD
+    fake_hw.plugin("npu", "torch_npu", FakeGpu(name="Ascend 910B"))
+    npu = advise(str(models["qwen3"]), device="npu:0")
+    # transformers runs its own FlashAttention 2 on Ascend (no package, no Hub kernel); FA3 is CUDA-only.
+    assert npu.present and npu.row("flash_attention_2").status == WORKS
+    assert npu.row("flash_attention_3").status == WONT
+    from transformers.utils import import_utils
+
+    fake_hw.tpu()
+    # transformers caches its flex check; forget the CPU answer so the build sees the fake TPU too.
+    flex_check = import_utils.is_torch_flex_attn_available
+    flex_check.cache_clear()
+    try:
+        tpu = advise(str(models["qwen3"]), device="tpu:0")
+    finally:
+        flex_check.cache_clear()
+    assert tpu.present and tpu.live and tpu.precision.dtype == "bfloat16"
+    flex = tpu.row("flex_attention")
+    assert flex.status == WONT and flex.checked and flex.check == "meta build agrees"
+
+
 def test_a_device_that_is_valid_but_absent_is_advised_and_says_so(
     monkeypatch: pytest.MonkeyPatch, models: dict[str, Path]
 ) -> None:

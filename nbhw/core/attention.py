@@ -439,18 +439,20 @@ def check(key: str, kind: str, env: Env) -> AttentionRow:
     """Read the rules for ``key``, then let a meta build decide wherever a build here can answer."""
     v = rule(key, env)
     row = AttentionRow(key, kind, v.status, v.reason, v.fix, False, "", v.resolves_to, None, list(v.notes))
-    would_download = v.downloads or (metabuild.needs_download(key) and v.status != WONT)
-    if would_download:
-        repo = v.downloads or env.fallback.get(key.removeprefix("paged|"), key)
+    if v.downloads:
         if v.status in {HUB, WORKS}:
             # For a model the row stays unvalidated; for the hardware alone the rules' answer is the answer.
             row.status = HUB if env.model.reference else DOWNLOAD
-        row.check = f"not checked: a build would download {repo} from the Hub"
+        row.check = f"not checked: a build would download {v.downloads} from the Hub"
         return row
     if v.device_dependent and not env.target.live:
         t = env.target
         why = f"{t.device} is not here" if not t.present else f"it runs on {t.seen} here"
         row.check = f"read from transformers' rules: {why}, so a build can't check {t.device_type}"
+        return row
+    if metabuild.needs_download(key) and v.status != WONT:
+        # metabuild's coarser guard: never build when a download is possible, even where the rules say none.
+        row.check = "not checked: a build here might download a Hub kernel"
         return row
     built = _build(key, env)
     row.checked, row.error = True, built.error
