@@ -482,3 +482,19 @@ def test_cli_attention(models: dict[str, Path], capsys: pytest.CaptureFixture[st
     assert err.startswith("error: ") and "\n" not in err and "valid" in err
     assert main(["attention", "nobody/not-cached-anywhere", "--offline"]) == 2
     assert "not available offline" in capsys.readouterr().err
+
+
+def test_fake_mac_gets_float16_and_the_mps_kernel_key(fake_hw: Any, models: dict[str, Path]) -> None:
+    fake_hw.mps()
+    adv = advise(str(models["qwen3"]))
+    assert adv.device == "mps" and adv.precision.dtype == "float16" and "fp16=True" in adv.precision.training
+    assert adv.kernels.device_key == "mps" and "mps" in adv.kernels.kernel_config_keys
+    assert {e.layer for e in adv.kernels.layers} & set(adv.kernels.model_layers)
+    assert adv.row("flash_attention_2").status == WONT
+
+
+def test_nbhw_attention_is_the_public_entry_point() -> None:
+    import nbhw
+
+    assert nbhw.attention is advise and "attention" in dir(nbhw)
+    assert isinstance(nbhw.attention(device="cpu"), nbhw.AttentionAdvice)

@@ -109,7 +109,8 @@ def _html_rows(a: AttentionAdvice) -> str:
     table = html_table(HEADERS, [_cells(r) for r in a.rows], css_class="nbhw-table nbhw-attention")
     # Colour the status cells: html_table escapes every cell, so mark them after the fact by exact text.
     for status, css in CSS.items():
-        table = table.replace(f"<td>{esc(status)}</td>", f'<td class="{css}">{esc(status)}</td>')
+        cell = f'<td class="{css}" style="white-space: nowrap">{esc(status)}</td>'
+        table = table.replace(f"<td>{esc(status)}</td>", cell)
     return table
 
 
