@@ -386,10 +386,10 @@ def rule(key: str, env: Env) -> Verdict:
         if t.device_type == "tpu":
             # transformers' is_torch_flex_attn_available: torch's flex_attention refuses TPU tensors.
             return Verdict(WONT, "torch's flex_attention does not run on TPU", "use sdpa", device_dependent=True)
-    return Verdict(WORKS, _works_reason(key, m))
+    return Verdict(WORKS, _works_reason(key))
 
 
-def _works_reason(key: str, m: ModelFacts) -> str:
+def _works_reason(key: str) -> str:
     reasons = {
         "eager": "plain PyTorch attention: every model, every device",
         "sdpa": "torch.nn.functional.scaled_dot_product_attention (the default)",
