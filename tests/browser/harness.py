@@ -394,7 +394,7 @@ class NotebookPage:
             self.fail(f"{path} did not open with a connected kernel in {self.server.flavor.name}: {e}")
         n = len(sources)
         poll(f"{n} cells of {path} in the DOM", lambda: self.cell_count() == n, timeout)
-        poll(f"an idle kernel for {path}", lambda: self.kernel_state() == "idle", timeout, 0.25)
+        self.wait_idle(timeout)
         return self
 
     # --- reading -------------------------------------------------------------------------------------------
@@ -499,6 +499,14 @@ class NotebookPage:
         except AssertionError as e:
             now = self.cells()
             self.fail(f"{e}; prompts now {[now[i].prompt for i in cells]}, kernel {self.kernel_state()}")
+
+    def wait_idle(self, timeout: float = 60) -> None:
+        """Wait until no cell is queued or running ('[*]') and the server sees the kernel idle (e.g. after a click)."""
+
+        def idle() -> bool:
+            return not any("*" in c.prompt for c in self.cells()) and self.kernel_state() == "idle"
+
+        poll(f"an idle kernel for {self.path}", idle, timeout, 0.2)
 
     # --- widgets -------------------------------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ display({"application/vnd.jupyter.widget-view+json": {"model_id": "0" * 32, "ver
 
 def test_hw_devices_renders_the_table_of_every_backend(notebook: NotebookPage) -> None:
     nb = notebook.open("devices.ipynb", ["%load_ext nbhw", "%hw devices"])
+    assert nb.cell_count() == 2 and nb.cell_source(1) == "%hw devices"
     nb.run_all()
 
     table = nb.outputs(1).locator("table.nbhw-backends")
