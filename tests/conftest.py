@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -11,10 +12,21 @@ import pytest
 
 from tests.fakes import FakeHardware
 
+_OWN_HOME = pytest.StashKey[str]()
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """Keep nbhw's files (the tiny model) out of the user's home: one temporary NBHW_HOME per run."""
-    os.environ.setdefault("NBHW_HOME", tempfile.mkdtemp(prefix="nbhw-test-home-"))
+    if "NBHW_HOME" not in os.environ:
+        os.environ["NBHW_HOME"] = tempfile.mkdtemp(prefix="nbhw-test-home-")
+        config.stash[_OWN_HOME] = os.environ["NBHW_HOME"]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove the temporary NBHW_HOME this run made."""
+    home = config.stash.get(_OWN_HOME, None)
+    if home:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ STYLE = """<style>
 .nbhw .fix code, .nbhw code { font-family: var(--jp-code-font-family, monospace); font-size: 12px; }
 .nbhw .warn { color: var(--jp-warn-color1, #9a6700); }
 .nbhw .sub { margin-left: 18px; }
+.nbhw .src { color: var(--jp-ui-font-color2, #777); font-size: 11px; overflow-wrap: anywhere; }
 </style>"""
 
 
@@ -121,6 +122,18 @@ def _backend_rows_html(hw: Hardware) -> str:
     )
 
 
+def _choices_html(hw: Hardware) -> str:
+    """The choices table; notes and the library function each order was read from sit under the why."""
+    rows = []
+    for c in hw.choices:
+        extra = "".join(f'<div class="sub">{esc(n)}</div>' for n in c.notes)
+        if c.source:
+            extra += f'<div class="src">read from <code>{esc(c.source)}</code></div>'
+        rows.append(f"<tr><td><code>{esc(c.who)}</code></td><td>{esc(c.device)}</td><td>{esc(c.why)}{extra}</td></tr>")
+    head = "<tr><th>call</th><th>device</th><th>why</th></tr>"
+    return f'<table class="nbhw-table nbhw-choices"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>'
+
+
 def hardware_html(hw: Hardware) -> str:
     """The devices view as one self-contained HTML fragment."""
     parts = [
@@ -134,13 +147,8 @@ def hardware_html(hw: Hardware) -> str:
     parts += [f'<div class="warn">{esc(d.device)}: {esc(n)}</div>' for d in hw.devices for n in d.notes]
     parts += [
         "<h3>Who picks what here</h3>",
-        html_table(
-            ("call", "device", "why", "read from"),
-            [[c.who, c.device, c.why, c.source or "—"] for c in hw.choices],
-            "nbhw-table nbhw-choices",
-        ),
+        _choices_html(hw),
     ]
-    parts += [f'<div class="sub">{esc(c.who)}: {esc(n)}</div>' for c in hw.choices for n in c.notes]
     parts += [
         "<h3>Environment</h3>",
         html_table(

@@ -84,3 +84,24 @@ def test_a_broken_widget_fails_the_widget_check(notebook: NotebookPage) -> None:
     nb.outputs(0).evaluate("(e) => { e.textContent = 'Loading widget...'; }")
     with pytest.raises(AssertionError, match="still loading after 1 s"):
         nb.check_widgets(0, timeout=1)
+
+
+def test_hw_attention_renders_the_advice_table(notebook: NotebookPage) -> None:
+    nb = notebook.open("attention.ipynb", ["%load_ext nbhw", "%hw attention"])
+    nb.run_all()
+    html = nb.output_html(1)
+    text = nb.output_text(1)
+    for key in (
+        "eager",
+        "sdpa",
+        "flex_attention",
+        "flash_attention_2",
+        "flash_attention_3",
+        "flash_attention_4",
+        "kernels-community/flash-attn2",
+    ):
+        assert key in text, key
+    assert "works" in text and "won't work" in text
+    assert "flash-attn" in text  # the fix names the package
+    assert "<table" in html
+    nb.screenshot(f"{nb.name}-output", cell=1)
