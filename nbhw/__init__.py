@@ -16,14 +16,18 @@ _LAZY = {
     "Hardware": "nbhw.core.detect:Hardware",
     "report": "nbhw.core.report:report",
     "UserError": "nbhw.core.errors:UserError",
+    "plan": "nbhw.core.plan:plan",
+    "LoadPlan": "nbhw.core.plan:LoadPlan",
 }
 
 __all__ = [
     "Hardware",
+    "LoadPlan",
     "UserError",
     "__version__",
     "detect",
     "load_ipython_extension",
+    "plan",
     "report",
     "unload_ipython_extension",
 ]
