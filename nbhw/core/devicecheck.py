@@ -18,10 +18,10 @@ def accelerator_type() -> str | None:
     return None if current is None else str(current.type)
 
 
-def device_type(value: int | str) -> str | None:
+def device_type(value: int | str, accelerator: str | None = None) -> str | None:
     """'cuda' for 'cuda:1' or (on NVIDIA) for 1; None when a bare index means nothing here."""
     if isinstance(value, int):
-        return accelerator_type()
+        return accelerator or accelerator_type()
     return str(value).split(":")[0]
 
 
@@ -45,12 +45,15 @@ def _why_not(kind: str, rows: list[BackendStatus]) -> str:
     return reasons[0] if reasons else f"nbhw knows no '{kind}' backend"
 
 
-def absent(value: Any, rows: list[BackendStatus]) -> str | None:
-    """Why the device a device_map value names is not here, or None when it is (cpu, disk and meta always are)."""
+def absent(value: Any, rows: list[BackendStatus], accelerator: str | None = None) -> str | None:
+    """Why the device a device_map value names is not here, or None when it is (cpu, disk and meta always are).
+
+    A bare index means ``accelerator`` (the family accelerate budgets here), else torch's current accelerator.
+    """
     if isinstance(value, str) and value in NOT_DEVICES:
         return None
     if isinstance(value, int):
-        kind = accelerator_type()
+        kind = accelerator or accelerator_type()
         if kind is None:
             return (
                 f"device_map puts layers on device {value}: a bare index means an accelerator, and torch sees none here"

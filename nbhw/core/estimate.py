@@ -18,7 +18,7 @@ FIXED = {"conv", "linear_attention", "dummy"}
 
 @dataclass
 class KvLayer:
-    """One decoder layer's KV cache: bytes per token (keys + values), and the window it stops growing at."""
+    """One decoder layer's KV cache: bytes per token (keys + values), and the token count it stops growing at."""
 
     bytes_per_token: int
     window: int | None = None
@@ -57,6 +57,11 @@ class Estimate:
         """accelerate's 'Training using Adam' figure: the largest of its stages (batch size 1, no activations)."""
         return max(self.training.values(), default=0)
 
+    @property
+    def training_total(self) -> int:
+        """accelerate's weights + gradients + optimizer states, held together as they are during a step."""
+        return sum(v for k, v in self.training.items() if k in {"model", "gradients", "optimizer"})
+
     def kv_cache_bytes(self, tokens: int = 1000) -> int | None:
         """KV-cache bytes for ``tokens`` tokens of one sequence; None when the layout is unknown."""
         if not self.kv_layers:
@@ -85,6 +90,7 @@ class Estimate:
             "kv_note": self.kv_note,
             "training": dict(self.training),
             "training_peak": self.training_peak,
+            "training_total": self.training_total,
             "training_precision": self.training_precision,
             "notes": list(self.notes),
         }
@@ -126,7 +132,9 @@ def kv_layers(config: Any, dtype: str) -> tuple[list[KvLayer], str | None]:
         if kind in GROWING:
             layers.append(KvLayer(per_token))
         elif kind in WINDOWED:
-            layers.append(KvLayer(per_token, int(extra.get("sliding_window") or 0) or None))
+            # DynamicSlidingWindowLayer keeps the last sliding_window - 1 tokens.
+            window = int(extra.get("sliding_window") or 0)
+            layers.append(KvLayer(per_token, window - 1 if window > 1 else None))
         else:
             fixed += kind in FIXED
             unknown |= set() if kind in FIXED else {kind}

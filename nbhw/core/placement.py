@@ -252,7 +252,7 @@ def place(
 
     user_budget = args.max_memory_bytes
     live_budget = None if user_budget is not None else live
-    accelerator = live.accelerator if live is not None and live.accelerator else accelerator_type()
+    accelerator = (live.accelerator if live is not None else None) or accelerator_type()
     problems: list[str] = []
     strategy = args.device_map if isinstance(args.device_map, str) and args.device_map in strategy_names() else None
     if strategy is not None:

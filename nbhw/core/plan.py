@@ -281,8 +281,7 @@ class LoadPlan:
         model = self.meta_model
         if model is None:
             return None
-        live = self.live if self.args.max_memory is None else None
-        return place(model, self.args, quantizer=self.quantizer, default_device=self.default_device, live=live)
+        return place(model, self.args, quantizer=self.quantizer, default_device=self.default_device, live=self.live)
 
     # ------------------------------------------------------------ dry run
 
@@ -336,7 +335,8 @@ class LoadPlan:
         from nbhw.core import devicecheck
 
         values = list(dict.fromkeys(placement.device_map.values()))
-        return [p for v in values if (p := devicecheck.absent(v, self._rows)) is not None]
+        accelerator = self.live.accelerator
+        return [p for v in values if (p := devicecheck.absent(v, self._rows, accelerator)) is not None]
 
     def _flash_problems(self, placement: Placement) -> list[str]:
         from nbhw.core import devicecheck
@@ -349,7 +349,7 @@ class LoadPlan:
 
         entry = FLASH_ATTENTION_COMPATIBILITY_MATRIX.get(int(m.group(1)), {})
         supported = [name for _, name in entry.get("supported_devices", ())]
-        used = {devicecheck.device_type(v) for v in placement.device_map.values() if v != DISK}
+        used = {devicecheck.device_type(v, self.live.accelerator) for v in placement.device_map.values() if v != DISK}
         off = sorted(t for t in used if t is not None and t not in supported)
         if not off:
             return []

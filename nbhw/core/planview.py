@@ -96,8 +96,9 @@ def _estimate_rows(e: Estimate) -> list[tuple[str, str]]:
         ("KV cache", "N/A" if kv is None else f"{fmt.size(kv)} per 1,000 tokens of one sequence ({growing} layers)"),
         (
             "training",
-            f"{fmt.size(e.training_peak)}  full fine-tuning with Adam, {e.training_precision} mixed precision, "
-            "batch size 1, activations not included (accelerate's estimate)",
+            f"{fmt.size(e.training_total)} for weights, gradients and Adam states together "
+            f"(largest single stage {fmt.size(e.training_peak)}); full fine-tuning in {e.training_precision} "
+            "mixed precision, batch size 1, activations not included (accelerate's figures)",
         ),
     ]
 
