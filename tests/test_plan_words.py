@@ -102,3 +102,25 @@ def test_cli_plan_exits_2_on_a_mistake_in_a_real_process() -> None:
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1 and "70GiB" in proc.stderr
+
+
+def test_readme_example_is_what_nbhw_prints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from plan_70b import CONFIG
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    m = re.search(r"^\$ python -m nbhw plan (\./llama-3-70b .*?)\n(.*?)\n```", readme, re.M | re.S)
+    assert m, "README's plan example"
+    (tmp_path / "llama-3-70b").mkdir()
+    (tmp_path / "llama-3-70b" / "config.json").write_text(json.dumps(CONFIG))
+    monkeypatch.chdir(tmp_path)
+    printed = subprocess.run(
+        [sys.executable, "-m", "nbhw", "plan", *shlex.split(m.group(1))], capture_output=True, text=True, check=False
+    ).stdout
+
+    def without_dry_run(text: str) -> str:  # the dry run depends on this machine's GPUs
+        return re.sub(r"^Dry run.*?\n\n", "", text, flags=re.M | re.S)
+
+    assert without_dry_run(printed).strip() == without_dry_run(m.group(2)).strip()

@@ -45,22 +45,33 @@ def _why_not(kind: str, rows: list[BackendStatus]) -> str:
     return reasons[0] if reasons else f"nbhw knows no '{kind}' backend"
 
 
-def absent(value: Any, rows: list[BackendStatus], accelerator: str | None = None) -> str | None:
-    """Why the device a device_map value names is not here, or None when it is (cpu, disk and meta always are).
-
-    A bare index means ``accelerator`` (the family accelerate budgets here), else torch's current accelerator.
-    """
+def _absence(value: Any, rows: list[BackendStatus], accelerator: str | None) -> tuple[str, str] | None:
+    """(device name, why it is not here), or None when it is (cpu, disk and meta always are)."""
     if isinstance(value, str) and value in NOT_DEVICES:
         return None
     if isinstance(value, int):
         kind = accelerator or accelerator_type()
         if kind is None:
-            return (
-                f"device_map puts layers on device {value}: a bare index means an accelerator, and torch sees none here"
-            )
+            return f"device {value}", "a bare index means an accelerator, and torch sees none here"
         name = f"{kind}:{value}"
     else:
         name = str(value)
     if _canonical(name) in present(rows):
         return None
-    return f"device_map puts layers on {name}, which is not here: {_why_not(name.split(':')[0], rows)}"
+    return name, _why_not(name.split(":")[0], rows)
+
+
+def absent(values: list[Any], rows: list[BackendStatus], accelerator: str | None = None) -> list[str]:
+    """One line per reason for the devices among ``values`` (device_map values) that are not here.
+
+    A bare index means ``accelerator`` (the family accelerate budgets here), else torch's current accelerator.
+    """
+    by_reason: dict[str, list[str]] = {}
+    for value in dict.fromkeys(values):
+        found = _absence(value, rows, accelerator)
+        if found is not None:
+            by_reason.setdefault(found[1], []).append(found[0])
+    return [
+        f"device_map puts layers on {', '.join(names)}, which {'is' if len(names) == 1 else 'are'} not here: {why}"
+        for why, names in by_reason.items()
+    ]

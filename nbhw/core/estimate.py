@@ -122,7 +122,10 @@ def kv_layers(config: Any, dtype: str) -> tuple[list[KvLayer], str | None]:
         heads, dims = get_head_shapes(text)
         per_layer = list(text.per_layer_config)
     except Exception as exc:
-        return [], f"KV cache not estimated: this config's layout is not readable ({type(exc).__name__}: {exc})"
+        return (
+            [],
+            f"KV cache not estimated: transformers' cache rules can't read this config ({type(exc).__name__}: {exc})",
+        )
     size = _element_size(dtype)
     layers, unknown, fixed = [], set(), 0
     for i, (kind, extra) in enumerate(zip(types, kwargs, strict=False)):
@@ -167,7 +170,13 @@ def _embedding_parameters(model: Any) -> int:
 
 
 def estimate(
-    model: Any, config: Any, dtype: str, *, quantizer: Any = None, quantization: str | None = None
+    model: Any,
+    config: Any,
+    dtype: str,
+    *,
+    quantizer: Any = None,
+    quantization: str | None = None,
+    generative: bool = True,
 ) -> Estimate:
     """The estimate for a meta-device ``model`` built in ``dtype`` (``quantizer``: transformers' sizes per weight)."""
     from accelerate.utils.modeling import get_max_layer_size
@@ -180,7 +189,7 @@ def estimate(
     top = list(model.named_parameters(recurse=False)) + list(model.named_children())
     top += list(model.named_buffers(recurse=False))
     largest, names = get_max_layer_size(top, sizes, no_split)
-    kv, kv_note = kv_layers(config, dtype)
+    kv, kv_note = kv_layers(config, dtype) if generative else ([], "no KV cache: not a generative model")
     training, precision = training_usage(parameters, dtype)
     return Estimate(
         dtype=dtype,

@@ -190,11 +190,14 @@ def _shares(
         share(value).names.append(module or "(whole model)")
     for name, value in per_tensor.items():
         share(value).bytes += int(sizes.get(name, 0))
-    layers = _layer_names(model)
-    for layer in layers:
-        first = next((t for t in tensors if t.startswith(layer + ".")), None)
-        if first is not None:
-            share(per_tensor[first]).layers += 1
+    layers = set(_layer_names(model))
+    counted: set[str] = set()
+    for name in tensors:  # a layer is where its first tensor is
+        parts = name.split(".")
+        layer = next((p for i in range(1, len(parts)) if (p := ".".join(parts[:i])) in layers), None)
+        if layer is not None and layer not in counted:
+            counted.add(layer)
+            share(per_tensor[name]).layers += 1
     return list(shares.values()), len(layers)
 
 

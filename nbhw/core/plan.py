@@ -259,6 +259,7 @@ class LoadPlan:
                 self.dtype,
                 quantizer=self.quantizer,
                 quantization=self.args.quantization,
+                generative=self.auto_class in metabuild.GENERATIVE,
             )
         method: Any = getattr(self.config.config, "quantization_config", None)
         if method is not None and self.args.quantization is None:
@@ -334,9 +335,7 @@ class LoadPlan:
     def _device_problems(self, placement: Placement) -> list[str]:
         from nbhw.core import devicecheck
 
-        values = list(dict.fromkeys(placement.device_map.values()))
-        accelerator = self.live.accelerator
-        return [p for v in values if (p := devicecheck.absent(v, self._rows, accelerator)) is not None]
+        return devicecheck.absent(list(placement.device_map.values()), self._rows, self.live.accelerator)
 
     def _flash_problems(self, placement: Placement) -> list[str]:
         from nbhw.core import devicecheck
