@@ -133,3 +133,15 @@ def test_cell_for_a_folder_with_an_awkward_name_loads_and_generates(tmp_path: Pa
         exec(compile(plan.code, "<nbhw cell>", "exec"), namespace)
     assert namespace["model_id"] == str(folder)
     assert namespace["outputs"].shape[1] > namespace["inputs"]["input_ids"].shape[1] and out.getvalue().strip()
+
+
+def test_plan_renders_as_escaped_html_and_as_text(tmp_path: Path) -> None:
+    folder = tmp_path / "<b>bold</b> & co"
+    shutil.copytree(tiny_model_path(), folder)
+    plan = nbhw.plan(str(folder), max_memory={0: "400KB", 1: "400KB"})
+    bundle = plan._repr_mimebundle_()
+    assert bundle["text/plain"] == plan.text() == str(plan)
+    html = bundle["text/html"]
+    assert "<b>bold</b>" not in html and "&lt;b&gt;bold&lt;/b&gt; &amp; co" in html
+    assert "split across 2 devices" in html and "Estimate" in html and 'class="nbhw-code"' in html
+    assert "from_pretrained" not in plan.view(code=False)._repr_mimebundle_()["text/html"]
