@@ -7,6 +7,7 @@ import contextlib
 import copy
 import io
 import itertools
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -172,3 +173,18 @@ def test_mistakes_are_one_line_user_errors_naming_the_valid_values(kwargs: dict[
 def test_a_device_that_is_well_formed_but_absent_is_a_problem_not_a_mistake() -> None:
     plan = nbhw.plan(device_map="cuda:3")
     assert any("cuda:3" in p for p in plan.check())
+
+
+def test_a_pre_quantized_checkpoint_is_checked_like_transformers_does(tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    folder = tmp_path / "prequantized"
+    shutil.copytree(tiny_model_path(), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ImportError), metabuild.quiet():
+        AutoModelForCausalLM.from_pretrained(str(folder))
+    problems = nbhw.plan(str(folder)).check()
+    assert len(problems) == 1 and problems[0].startswith("this pre-quantized checkpoint: ImportError")

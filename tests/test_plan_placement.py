@@ -143,3 +143,12 @@ def test_live_budget_comes_from_nvml_without_touching_cuda(fake_hw: FakeHardware
     assert names[:2] == ["cuda:0", "cuda:1"] and plan.placement.kind in {"split", "cpu_offload"}
     assert plan.check() == []
     assert not torch.cuda.is_initialized()
+
+
+def test_an_explicit_device_too_small_for_the_weights_is_a_problem(fake_hw: FakeHardware, tmp_path: Path) -> None:
+    fake_hw.nvidia(FakeGpu(total=80 * GIB, used=2 * GIB))
+    folder, _ = llama3_70b_folder(tmp_path)
+    plan = nbhw.plan(folder, device_map="cuda:0")
+    assert plan.placement is not None and plan.placement.kind == "too_big"
+    assert plan.placement.verdict == "does not fit: cuda:0 needs 131.4 GiB for the weights, 78.0 GiB free"
+    assert plan.check() == ["cuda:0 needs 131.4 GiB for the weights, 78.0 GiB free: loading would run out of memory"]

@@ -213,7 +213,7 @@ def _what(share: DeviceShare, total_layers: int) -> str:
 
 
 def verdict(shares: list[DeviceShare], budget: dict[int | str, int] | None, total_layers: int = 0) -> tuple[str, str]:
-    """One line a person reads first, and its kind: one_device, split, cpu_offload, disk."""
+    """One line a person reads first, and its kind: one_device, split, cpu_offload, disk (too_big, none: see place)."""
     used = [s for s in shares if s.bytes or s.modules]
     on = {s.key: s for s in used}
     accelerators = [s for s in used if _is_accelerator(s.key)]
@@ -234,17 +234,14 @@ def _budget_key(key: int | str, accelerator: str | None) -> int | str:
     return key
 
 
-def _fit_problems(shares: list[DeviceShare], budget: dict[int | str, int] | None, accelerator: str | None) -> list[str]:
-    problems = []
+def _too_big(shares: list[DeviceShare], budget: dict[int | str, int] | None, accelerator: str | None) -> list[str]:
+    """Accelerators given more weights than their budget (an explicit device_map is not checked by transformers)."""
+    over = []
     for share in shares:
-        room = (budget or {}).get(_budget_key(share.key, accelerator))
-        share.budget = room
-        if room is not None and share.bytes > room and _is_accelerator(share.key):
-            problems.append(
-                f"{share.device} needs {fmt.size(share.bytes)} for its weights but has {fmt.size(room)} free: "
-                "loading would run out of memory"
-            )
-    return problems
+        share.budget = (budget or {}).get(_budget_key(share.key, accelerator))
+        if share.budget is not None and share.bytes > share.budget and _is_accelerator(share.key):
+            over.append(f"{share.device} needs {fmt.size(share.bytes)} for the weights, {fmt.size(share.budget)} free")
+    return over
 
 
 def place(
@@ -256,24 +253,28 @@ def place(
     user_budget = args.max_memory_bytes
     live_budget = None if user_budget is not None else live
     accelerator = (live.accelerator if live is not None else None) or accelerator_type()
-    problems: list[str] = []
     strategy = args.device_map if isinstance(args.device_map, str) and args.device_map in strategy_names() else None
+    budget = user_budget if user_budget is not None else (live.max_memory if live is not None else None)
+    source = "the max_memory you gave" if user_budget is not None else "this machine's free memory"
+    notes = list(live.notes) if live is not None and user_budget is None else []
     if strategy is not None:
         try:
             device_map = computed_map(model, strategy, args.max_memory, quantizer, live_budget)
         except Exception as exc:
-            problems.append(f"transformers could not place it: {type(exc).__name__}: {' '.join(str(exc).split())}")
-            device_map = {"": "cpu"}
+            why = f"transformers could not place it: {type(exc).__name__}: {' '.join(str(exc).split())}"
+            return Placement(
+                {}, strategy, source, budget, [], "no placement: transformers refused", "none", [why], notes
+            )
     elif args.device_map is None:
         device_map = {"": default_device}
     elif isinstance(args.device_map, dict):
         device_map = dict(args.device_map)
     else:
         device_map = {"": args.device_map}
-    budget = user_budget if user_budget is not None else (live.max_memory if live is not None else None)
     shares, total_layers = _shares(model, device_map, quantizer, accelerator)
-    problems += _fit_problems(shares, budget, accelerator)
+    over = _too_big(shares, budget, accelerator)
     text, kind = verdict(shares, budget, total_layers)
-    source = "the max_memory you gave" if user_budget is not None else "this machine's free memory"
-    notes = list(live.notes) if live is not None and user_budget is None else []
+    if over:
+        text, kind = f"does not fit: {'; '.join(over)}", "too_big"
+    problems = [f"{o}: loading would run out of memory" for o in over]
     return Placement(device_map, strategy, source, budget, shares, text, kind, problems, notes)

@@ -266,20 +266,24 @@ class LoadPlan:
         return [] if ok else [f"use_kernels=True: {why}"]
 
     def _quantization_problems(self) -> list[str]:
-        if self.args.quantization is None:
+        """transformers' quantizer checks: the one asked for, or the one a pre-quantized checkpoint names."""
+        prequantized = getattr(self.config.config, "quantization_config", None) is not None
+        if self.args.quantization is None and not prequantized:
             return []
         from transformers import BitsAndBytesConfig
         from transformers.integrations.accelerate import check_and_set_device_map
         from transformers.quantizers.auto import get_hf_quantizer
 
-        flag = QUANTIZATION[self.args.quantization]
+        asked = None
+        if self.args.quantization is not None:
+            asked = BitsAndBytesConfig(**{QUANTIZATION[self.args.quantization]: True})
         try:
             with metabuild.quiet():
                 device_map = check_and_set_device_map(copy.deepcopy(self.args.device_map))
-                config = copy.deepcopy(self.config.config)
-                get_hf_quantizer(config, BitsAndBytesConfig(**{flag: True}), device_map, True, {})
+                get_hf_quantizer(copy.deepcopy(self.config.config), asked, device_map, True, {})
         except Exception as exc:
-            return [f"quantization={self.args.quantization}: {type(exc).__name__}: {' '.join(str(exc).split())}"]
+            what = f"quantization={self.args.quantization}" if asked is not None else "this pre-quantized checkpoint"
+            return [f"{what}: {type(exc).__name__}: {' '.join(str(exc).split())}"]
         return []
 
     def _device_problems(self, placement: Placement) -> list[str]:
