@@ -184,3 +184,21 @@ def test_quantized_weights_are_sized_at_bitsandbytes_element_size() -> None:
     assert four.total_bytes < eight.total_bytes < plain.total_bytes
     skipped = plain.total_bytes - 2 * (plain.total_bytes - eight.total_bytes)
     assert 4 * (four.total_bytes - skipped) == plain.total_bytes - skipped > 0
+
+
+def test_auto_dtype_without_one_in_the_config_is_read_from_the_weights_like_transformers(tmp_path: Path) -> None:
+    import json
+
+    with metabuild.quiet():
+        model = AutoModelForCausalLM.from_pretrained(str(tiny_model_path()), dtype=torch.bfloat16)
+        model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.pop("dtype", None)
+    config.pop("torch_dtype", None)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with metabuild.quiet():
+        loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path))  # dtype="auto"
+    plan = nbhw.plan(str(tmp_path))
+    assert plan.config_dtype is None and plan.dtype == str(loaded.dtype).removeprefix("torch.") == "bfloat16"
+    assert any("dtype of the local weights" in n for n in plan.notes)
+    assert plan.estimate is not None and plan.estimate.total_bytes == loaded.get_memory_footprint()
