@@ -18,16 +18,20 @@ _LAZY = {
     "Hardware": "nbhw.core.detect:Hardware",
     "report": "nbhw.core.report:report",
     "UserError": "nbhw.core.errors:UserError",
+    "plan": "nbhw.core.plan:plan",
+    "LoadPlan": "nbhw.core.plan:LoadPlan",
 }
 
 __all__ = [
     "AttentionAdvice",
     "Hardware",
+    "LoadPlan",
     "UserError",
     "__version__",
     "attention",
     "detect",
     "load_ipython_extension",
+    "plan",
     "report",
     "unload_ipython_extension",
 ]

@@ -39,7 +39,13 @@ def _attention(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    raise UserError("nbhw plan: not available in this version")
+    import json
+
+    from nbhw.core.plan import from_words
+
+    plan = from_words(args)
+    print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.text())
+    return 1 if plan.check() else 0
 
 
 COMMANDS = {"devices": _devices, "report": _report, "attention": _attention, "plan": _plan}

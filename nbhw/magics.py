@@ -75,7 +75,14 @@ class HwMagics(Magics):
             display(advice)
 
     def _run_load(self, args: argparse.Namespace) -> None:
-        raise UserError("%hw load: not available in this version")
+        from nbhw.core.plan import from_words
+
+        plan = from_words(args)
+        if args.emit:
+            self.shell.set_next_input(plan.code, replace=False)
+            display(plan.view(code=False))
+        else:
+            display(plan)
 
 
 def load(shell: Any) -> None:

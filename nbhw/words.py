@@ -13,10 +13,11 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from nbhw.core.errors import UserError
+from nbhw.core.loadargs import QUANTIZATION
 
 MAGIC_COMMANDS = ("devices", "memory", "attention", "load", "report")
 CLI_COMMANDS = ("devices", "report", "attention", "plan")
-QUANTIZE = ("4bit", "8bit")
+QUANTIZE = tuple(QUANTIZATION)
 
 
 class HelpShown(Exception):
@@ -77,7 +78,10 @@ def _attention(p: argparse.ArgumentParser) -> None:
 def _load(p: argparse.ArgumentParser, *, emit: bool) -> None:
     p.add_argument("model", nargs="?", help="model id or local path (default: nbhw's tiny local model)")
     p.add_argument(
-        "--device-map", dest="device_map", metavar="MAP", help="auto, balanced, balanced_low_0, sequential, or a device"
+        "--device-map",
+        dest="device_map",
+        metavar="MAP",
+        help='auto (default), balanced, balanced_low_0, sequential, a device (cpu, cuda:0), an int, {"": "cpu"}, none',
     )
     p.add_argument("--dtype", help="float32, float16, bfloat16 or auto")
     p.add_argument(

@@ -51,18 +51,24 @@ def from_pretrained_default() -> Choice:
     )
 
 
-def device_map_auto(rows: list[BackendStatus], order: Order | None) -> Choice:
-    """device_map="auto": the accelerator family accelerate's get_max_memory counts, then mps or cpu."""
-    who = 'from_pretrained(model, device_map="auto")'
-    if order is None:
-        return _unread(who, "accelerate's get_max_memory order")
+def auto_devices(rows: list[BackendStatus], order: Order) -> list[str]:
+    """What accelerate's get_max_memory budgets for device_map="auto", in its order: accelerators, then mps/cpu."""
     usable = _usable(rows)
     picked: list[str] = []
     family = next((s.device for s in order.steps if s.device and (s.probe in usable or s.probe == "else")), None)
     if family and family in usable:
         picked = [d.device for d in usable[family].devices]
     # get_max_memory: MPS shares host RAM, so it replaces the CPU budget rather than adding to it.
-    picked += ["mps"] if "mps" in usable else ["cpu"]
+    return [*picked, "mps" if "mps" in usable else "cpu"]
+
+
+def device_map_auto(rows: list[BackendStatus], order: Order | None) -> Choice:
+    """device_map="auto": the accelerator family accelerate's get_max_memory counts, then mps or cpu."""
+    who = 'from_pretrained(model, device_map="auto")'
+    if order is None:
+        return _unread(who, "accelerate's get_max_memory order")
+    usable = _usable(rows)
+    picked = auto_devices(rows, order)
     notes = []
     for key in EXPLICIT_ONLY:
         if key in usable:

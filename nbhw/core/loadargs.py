@@ -1,0 +1,317 @@
+"""The arguments of a load plan, checked up front by the libraries' own rules: one-line UserErrors for mistakes.
+
+A value that is well formed but names hardware this machine lacks (``cuda:1`` on a laptop) is *not* a mistake
+here: the plan may be for other hardware, and the dry run reports it instead. Importing this module is cheap;
+torch, transformers and accelerate are imported when a value needs them.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from nbhw.core.errors import UserError, one_of
+
+# --quantize word -> the BitsAndBytesConfig flag it sets.
+QUANTIZATION = {"4bit": "load_in_4bit", "8bit": "load_in_8bit"}
+DISK = "disk"
+
+DeviceMap = str | int | dict[str, int | str] | None
+MemoryKey = int | str
+
+
+@dataclass(frozen=True)
+class LoadArgs:
+    """What the user asked ``from_pretrained`` to do, normalised (sizes kept as written for the code)."""
+
+    device_map: DeviceMap = "auto"
+    dtype: str = "auto"
+    attn_implementation: str | None = None
+    use_kernels: bool = False
+    quantization: str | None = None
+    max_memory: dict[MemoryKey, int | str] | None = None
+
+    @property
+    def max_memory_bytes(self) -> dict[MemoryKey, int] | None:
+        """``max_memory`` with every size in bytes, as accelerate converts it."""
+        if self.max_memory is None:
+            return None
+        return {k: size_bytes(v) for k, v in self.max_memory.items()}
+
+
+def _hf_quiet() -> Any:
+    from nbhw.core.metabuild import quiet
+
+    return quiet()
+
+
+# ---------------------------------------------------------------- device_map
+
+
+@lru_cache(maxsize=1)
+def strategy_names() -> tuple[str, ...]:
+    """The device_map strings transformers computes a map for, read from its own error message."""
+    from transformers.integrations.accelerate import check_and_set_device_map
+
+    try:
+        check_and_set_device_map("nbhw: not a device")
+    except ValueError as exc:
+        return tuple(re.findall(r"'([A-Za-z0-9_]+)'", str(exc)))
+    return ()
+
+
+def _valid_device_maps() -> str:
+    names = ", ".join(strategy_names()) or "auto"
+    return f"{names}, a torch device (cpu, cuda:0, mps, xpu:0, ...), an int >= 0, or a dict of module -> device"
+
+
+def _torch_device(text: str) -> str:
+    """A device string as torch parses it ('cuda' stays 'cuda'); UserError when torch knows no such device."""
+    import torch
+
+    try:
+        return str(torch.device(text))
+    except (RuntimeError, ValueError, TypeError) as exc:
+        why = (
+            "neither a device_map strategy nor a device type this torch knows"
+            if "device type" in str(exc)
+            else f"not valid here ({exc})"
+        )
+        raise UserError(f"device_map {text!r} is {why}; valid: {_valid_device_maps()}") from None
+
+
+def _is_strategy(text: str) -> bool:
+    """Whether transformers treats this string as a strategy (auto, balanced, ...) rather than a device."""
+    from transformers.integrations.accelerate import check_and_set_device_map
+
+    try:
+        return isinstance(check_and_set_device_map(text), str)
+    except (ValueError, RuntimeError, AssertionError):
+        return False
+
+
+def _dict_value(module: str, value: Any) -> int | str:
+    import torch
+
+    if isinstance(value, bool):
+        raise UserError(
+            f"device_map[{module!r}] = {value!r} is not a device; valid: an int >= 0, 'cpu', 'disk', cuda:0"
+        )
+    if isinstance(value, int):
+        if value < 0:
+            raise UserError(f"device_map[{module!r}] = {value}: device indices are >= 0")
+        return value
+    if isinstance(value, torch.device):
+        return str(value)
+    if isinstance(value, str):
+        return value if value == DISK else _torch_device(value)
+    raise UserError(f"device_map[{module!r}] = {value!r} is not a device; valid: an int >= 0, 'cpu', 'disk', cuda:0")
+
+
+def check_device_map(value: Any) -> DeviceMap:
+    """Normalise a device_map the way transformers' check_and_set_device_map reads it; UserError when it can't."""
+    import torch
+
+    if value is None:
+        return None
+    if isinstance(value, torch.device):
+        return str(value)
+    if isinstance(value, bool):
+        raise UserError(f"device_map {value!r} is not valid; valid: {_valid_device_maps()}")
+    if isinstance(value, int):
+        if value < 0:
+            raise UserError(f"device_map {value} is negative; valid: {_valid_device_maps()} (use 'cpu' for the CPU)")
+        return value
+    if isinstance(value, Mapping):
+        if not value:
+            raise UserError(f"device_map {{}} is empty; valid: {_valid_device_maps()}")
+        for key in value:
+            if not isinstance(key, str):
+                raise UserError(f"device_map keys are module names (strings, '' for the whole model), not {key!r}")
+        return {key: _dict_value(key, v) for key, v in value.items()}
+    if isinstance(value, str):
+        if _is_strategy(value):
+            return value
+        if value == DISK:
+            raise UserError(f"device_map 'disk' only works per module in a dict; valid: {_valid_device_maps()}")
+        return _torch_device(value)
+    raise UserError(f"device_map {value!r} is not valid; valid: {_valid_device_maps()}")
+
+
+def device_map_from_text(text: str) -> DeviceMap:
+    """``--device-map`` words: a strategy, a device, an int, a dict literal like {"": "cpu"}, or none."""
+    text = text.strip()
+    if text.lower() == "none":
+        return None
+    if re.fullmatch(r"-?\d+", text):
+        return check_device_map(int(text))
+    if text.startswith("{"):
+        try:
+            parsed = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            raise UserError(f'device_map {text!r} is not a dict literal like {{"": "cpu"}}') from None
+        return check_device_map(parsed)
+    return check_device_map(text)
+
+
+# ---------------------------------------------------------------- dtype
+
+
+@lru_cache(maxsize=1)
+def dtype_names() -> tuple[str, ...]:
+    """Every floating-point dtype name torch has (aliases like 'half' included), read from torch."""
+    import torch
+
+    return tuple(
+        sorted(
+            n
+            for n in dir(torch)
+            if isinstance(getattr(torch, n, None), torch.dtype) and getattr(torch, n).is_floating_point
+        )
+    )
+
+
+def check_dtype(value: Any) -> str:
+    """'auto' or the canonical name of a floating-point torch dtype ('half' -> 'float16')."""
+    import torch
+
+    if value is None or value == "auto":
+        return "auto"
+    if isinstance(value, torch.dtype):
+        found: Any = value
+    elif isinstance(value, str) and value.removeprefix("torch.") in dtype_names():
+        found = getattr(torch, value.removeprefix("torch."))
+    else:
+        common = ["auto", "float32", "float16", "bfloat16"]
+        rest = [n for n in dtype_names() if n not in common]
+        raise one_of("dtype", value, [*common, *rest])
+    if not found.is_floating_point:
+        raise UserError(f"dtype {value!r} is not a floating-point dtype; valid: auto, float32, float16, bfloat16")
+    return str(found).removeprefix("torch.")
+
+
+# ---------------------------------------------------------------- attention, quantization
+
+
+def check_attn(value: Any) -> str | None:
+    """An attn_implementation transformers knows: its registered keys, paged|key, or a Hub kernel 'org/repo'."""
+    if value is None:
+        return None
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from nbhw.core.metabuild import is_hub_kernel
+
+    keys = ["eager", *sorted(set(ALL_ATTENTION_FUNCTIONS.valid_keys()) - {"eager"})]
+    if isinstance(value, str) and (value.removeprefix("paged|") in keys or is_hub_kernel(value)):
+        return value
+    raise one_of("attn_implementation", value, [*keys, "a Hub kernel 'org/repo[@rev][:func]'"])
+
+
+def check_quantization(value: Any) -> str | None:
+    """'4bit', '8bit' or None."""
+    if value is None or value in QUANTIZATION:
+        return value  # type: ignore[no-any-return]
+    raise one_of("quantization", value, list(QUANTIZATION))
+
+
+# ---------------------------------------------------------------- max_memory
+
+
+def size_bytes(size: int | str) -> int:
+    """A size as accelerate's convert_file_size_to_int reads it ('70GiB', '500MB', or bytes as an int)."""
+    from accelerate.utils import convert_file_size_to_int
+
+    if isinstance(size, bool) or not isinstance(size, int | str):
+        raise UserError(f"max_memory size {size!r} is not a size; valid: bytes as an int, or '70GiB', '500MB'")
+    if isinstance(size, int) and size < 0:
+        raise UserError(f"max_memory size {size} is negative")
+    try:
+        value = int(convert_file_size_to_int(size))
+    except (ValueError, OverflowError):
+        value = -1
+    if value < 0:
+        raise UserError(
+            f"max_memory size {size!r} is not valid; valid: a number with a unit, e.g. 70GiB, 512MiB, 80GB, 500MB "
+            "(accelerate's convert_file_size_to_int), or bytes as an int"
+        )
+    return value
+
+
+@lru_cache(maxsize=1)
+def _memory_device_names() -> tuple[str, ...]:
+    """The non-GPU max_memory keys accelerate accepts, read from its own error message."""
+    from accelerate.utils import get_max_memory
+
+    try:
+        get_max_memory({"nbhw: not a device": 0})
+    except ValueError as exc:
+        return tuple(re.findall(r"'([a-z]+)'", str(exc)))
+    return ()
+
+
+def _memory_key(key: Any) -> MemoryKey:
+    names = _memory_device_names()
+    valid = f"an int >= 0 (GPU/XPU index), {', '.join(names)}"
+    if isinstance(key, bool):
+        raise UserError(f"max_memory device {key!r} is not valid; valid: {valid}")
+    if isinstance(key, int):
+        if key < 0:
+            raise UserError(f"max_memory device {key} is negative; valid: {valid}")
+        return key
+    if isinstance(key, str):
+        if re.fullmatch(r"\d+", key):
+            return int(key)
+        if key in names:
+            return key
+    raise UserError(f"max_memory device {key!r} is not valid; valid: {valid}")
+
+
+def check_max_memory(value: Mapping[Any, Any] | Iterable[str] | None) -> dict[MemoryKey, int | str] | None:
+    """A max_memory dict ({0: "70GiB", "cpu": "200GiB"}) or DEV=SIZE words, checked by accelerate's rules."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [value]
+    items = list(value.items()) if isinstance(value, Mapping) else [_split_item(item) for item in value]
+    result: dict[MemoryKey, int | str] = {}
+    for raw_key, size in items:
+        key = _memory_key(raw_key)
+        if key in result:
+            raise UserError(f"max_memory names device {key!r} twice")
+        size_bytes(size)
+        result[key] = size
+    if not result:
+        raise UserError("max_memory is empty; give DEV=SIZE, e.g. 0=70GiB cpu=200GiB")
+    return result
+
+
+def _split_item(item: Any) -> tuple[str, str]:
+    if not isinstance(item, str) or item.count("=") != 1:
+        raise UserError(f"max_memory entry {item!r} is not DEV=SIZE, e.g. 0=70GiB cpu=200GiB")
+    key, size = item.split("=")
+    return key.strip(), size.strip()
+
+
+def load_args(
+    *,
+    device_map: Any = "auto",
+    dtype: Any = "auto",
+    attn_implementation: Any = None,
+    use_kernels: Any = False,
+    quantization: Any = None,
+    max_memory: Any = None,
+) -> LoadArgs:
+    """Check every argument; the first mistake raises a one-line UserError naming the valid values."""
+    with _hf_quiet():
+        return LoadArgs(
+            device_map=check_device_map(device_map),
+            dtype=check_dtype(dtype),
+            attn_implementation=check_attn(attn_implementation),
+            use_kernels=bool(use_kernels),
+            quantization=check_quantization(quantization),
+            max_memory=check_max_memory(max_memory),
+        )
