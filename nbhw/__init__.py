@@ -16,14 +16,18 @@ _LAZY = {
     "Hardware": "nbhw.core.detect:Hardware",
     "report": "nbhw.core.report:report",
     "UserError": "nbhw.core.errors:UserError",
+    "monitor": "nbhw.ui.memory:monitor",
+    "Monitor": "nbhw.ui.memory:Monitor",
 }
 
 __all__ = [
     "Hardware",
+    "Monitor",
     "UserError",
     "__version__",
     "detect",
     "load_ipython_extension",
+    "monitor",
     "report",
     "unload_ipython_extension",
 ]
