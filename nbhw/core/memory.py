@@ -80,6 +80,11 @@ class Source:
         """kind -> bytes, now; raises when the source can't answer."""
         raise NotImplementedError
 
+    def read_primary(self) -> int:
+        """The primary kind alone (what a cell is measured on); sources override it when that is cheaper."""
+        assert self.primary is not None
+        return self.read()[self.primary]
+
     def reset_peak(self) -> bool:
         """Start a new peak measurement where the backend keeps one; whether it does."""
         return False
@@ -107,6 +112,10 @@ class HostSource(Source):
         vm = self._psutil.virtual_memory()
         rss = self._process.memory_info().rss
         return {"rss": int(rss), "available": int(vm.available), "capacity": int(vm.total)}
+
+    def read_primary(self) -> int:
+        # The machine-wide figures cost most of a read; a cell needs only this process's RSS.
+        return int(self._process.memory_info().rss)
 
 
 @dataclass(frozen=True)
@@ -428,7 +437,7 @@ class Sampler:
     ) -> None:
         self._lock = threading.RLock()
         self._clock, self._wall, self._discover = clock, wall, discover
-        self._sources: list[Source] | None = list(sources) if sources is not None else None
+        self._sources: list[Source] | None = None
         self._torch_seen = "torch" in sys.modules
         self._subscribers: list[Subscriber] = []
         self._thread: threading.Thread | None = None
@@ -442,6 +451,8 @@ class Sampler:
         self._window = window
         self._ring = Ring(validate(interval, window))
         self._origin, self._wall_origin = clock(), wall()
+        if sources is not None:
+            self._set_sources(list(sources))
         _live.add(self)
         # Backstop: if a sampler is dropped while running, its thread ends (the thread holds no strong ref).
         weakref.finalize(self, _stop_thread, self._stop_box)
@@ -736,9 +747,20 @@ class CellRecord:
 class _Open:
     started: float
     first_line: str
-    start: Sample
-    primaries: list[tuple[Source, str]]
+    start: dict[int, int]
+    primaries: list[Source]
     counted: set[int]
+
+
+def _read_primaries(sources: Sequence[Source]) -> dict[int, int]:
+    """id(source) -> its primary reading; a source that raises is left out (its error shows on the graph)."""
+    values = {}
+    for source in sources:
+        try:
+            values[id(source)] = int(source.read_primary())
+        except Exception:
+            continue
+    return values
 
 
 def _reset(source: Source) -> bool:
@@ -774,8 +796,8 @@ class CellLog:
         if not self.sampler.running:
             return
         primaries = self._primaries()
-        counted = {id(s) for s, _ in primaries if _reset(s)}
-        started, start = self.sampler.wall_time(), self.sampler.read_now()
+        counted = {id(s) for s in primaries if _reset(s)}
+        started, start = self.sampler.wall_time(), _read_primaries(primaries)
         self._open[key] = _Open(started, first_line(source), start, primaries, counted)
         self.version += 1
 
@@ -785,24 +807,24 @@ class CellLog:
         if opened is None:
             return None
         ended = self.sampler.wall_time()
-        now = self.sampler.read_now()
+        now = _read_primaries(opened.primaries)
         memory: dict[str, CellMemory] = {}
-        for source, kind in opened.primaries:
-            key_ = f"{source.device} {kind}"
-            if source.device in memory or key_ not in opened.start.values or key_ not in now.values:
+        for source in opened.primaries:
+            if source.device in memory or id(source) not in opened.start or id(source) not in now:
                 continue
-            start, end = opened.start.values[key_], now.values[key_]
-            peak, how = self._peak(source, key_, opened, ended)
-            memory[source.device] = CellMemory(source.device, key_, start, end, max(peak, start, end), how)
+            trace = f"{source.device} {source.primary}"
+            start, end = opened.start[id(source)], now[id(source)]
+            peak, how = self._peak(source, trace, opened, ended)
+            memory[source.device] = CellMemory(source.device, trace, start, end, max(peak, start, end), how)
         record = CellRecord(execution_count, opened.first_line, opened.started, ended, succeeded, memory)
         self.records.append(record)
         self.version += 1
         return record
 
-    def _primaries(self) -> list[tuple[Source, str]]:
-        return [(s, s.primary) for s in self.sampler.sources() if s.primary is not None]
+    def _primaries(self) -> list[Source]:
+        return [s for s in self.sampler.sources() if s.primary is not None]
 
-    def _peak(self, source: Source, key: str, opened: _Open, ended: float) -> tuple[int, str]:
+    def _peak(self, source: Source, trace: str, opened: _Open, ended: float) -> tuple[int, str]:
         if id(source) in opened.counted:
             try:
                 value = source.peak()
@@ -810,7 +832,7 @@ class CellLog:
                 value = None
             if value is not None:
                 return value, "allocator"
-        sampled = self.sampler.max_between(key, opened.started, ended)
+        sampled = self.sampler.max_between(trace, opened.started, ended)
         return (int(sampled) if sampled is not None else 0), "samples"
 
     def top(self, n: int = 5) -> list[CellRecord]:
