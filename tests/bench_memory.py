@@ -2,7 +2,8 @@
 
 1. A CPU-bound torch loop with the sampler off, on at the default interval and at 10 Hz (each with and
    without a live graph fed through a recording comm), alternating in one run: median time -> slowdown,
-   and the CPU time the process's other threads (the sampler) used, as a share of the loop's wall time.
+   the loop thread's own CPU time vs off, and the CPU time the process's other threads (the sampler) used as a
+   share of the loop's wall time. On a shared machine the wall ratio is noisy; the CPU columns are not.
 2. Bytes sent to the browser per tick at ticks 100, 1,200 (the default window is full) and 10,000, through
    the real widget with a recording comm, every tick changing (the worst case: no tick skipped).
 3. What the cell hooks cost per cell in the real IPython shell: no extension, extension loaded, sampling.
@@ -11,6 +12,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import statistics
 import time
 from collections.abc import Callable
@@ -23,10 +26,11 @@ from nbhw.ui import memory as ui
 from tests.memcomm import recording_comms
 
 
-def workload(steps: int) -> tuple[float, float]:
+def workload(steps: int) -> tuple[float, float, float]:
     """Small torch ops in a Python loop (the GIL-heavy kind a sampler thread could slow down).
 
-    Returns the wall time and the CPU time other threads of this process used meanwhile (the sampler's).
+    Returns the wall time, the loop thread's CPU time, and the CPU time the process's other threads used
+    meanwhile (the sampler's).
     """
     torch.manual_seed(0)
     x = torch.rand(4096)
@@ -36,9 +40,8 @@ def workload(steps: int) -> tuple[float, float]:
     for _ in range(steps):
         x = torch.tanh(x * 1.0001 + 0.0001)
         m = torch.relu(m @ w) * 0.01 + 0.5
-    wall = time.perf_counter() - start
-    others = (time.process_time() - cpu) - (time.thread_time() - main)
-    return wall, others
+    wall, own = time.perf_counter() - start, time.thread_time() - main
+    return wall, own, (time.process_time() - cpu) - own
 
 
 class Setting:
@@ -47,6 +50,7 @@ class Setting:
     def __init__(self, name: str, interval: float | None, graph: bool) -> None:
         self.name, self.interval, self.graph = name, interval, graph
         self.times: list[float] = []
+        self.own: list[float] = []
         self.others: list[float] = []
 
     def run(self, steps: int) -> None:
@@ -56,8 +60,9 @@ class Setting:
             sampler.start()
             time.sleep(self.interval / 2)
         try:
-            wall, others = workload(steps)
+            wall, own, others = workload(steps)
             self.times.append(wall)
+            self.own.append(own)
             self.others.append(others / wall)
         finally:
             sampler.stop()
@@ -79,12 +84,13 @@ def overhead(repeats: int, steps: int) -> list[list[str]]:
             order = settings if i % 2 == 0 else settings[::-1]
             for s in order:
                 s.run(steps)
-    base = statistics.median(settings[0].times)
+    base, base_own = statistics.median(settings[0].times), statistics.median(settings[0].own)
     return [
         [
             s.name,
             f"{statistics.median(s.times) * 1000:.0f} ms",
             f"{statistics.median(s.times) / base:.3f}",
+            f"{statistics.median(s.own) / base_own:.3f}",
             f"{max(0.0, statistics.median(s.others)) * 100:.2f} %",
         ]
         for s in settings
@@ -114,21 +120,29 @@ def bytes_per_tick(window: float, marks: tuple[int, ...]) -> list[list[str]]:
         view = ui.MemoryView(sampler, memory.CellLog(sampler))
         rec.drain()
         tick_ms: list[float] = []
+        sent: list[int] = []
         for tick in range(1, max(marks) + 1):
             start = time.perf_counter()
             sampler.tick()
             tick_ms.append((time.perf_counter() - start) * 1000)
             messages, nbytes, _ = rec.drain()
+            sent.append(nbytes)
             if tick in marks:
-                recent = statistics.median(tick_ms[-100:])
                 rows.append(
-                    [f"{window:g} s / {sampler.slots}", f"{tick:,}", f"{nbytes:,}", str(messages), f"{recent:.2f}"]
+                    [
+                        f"{window:g} s / {sampler.slots}",
+                        f"{tick:,}",
+                        f"{nbytes:,}",
+                        f"{statistics.median(sent[-100:]):,.0f} / {max(sent[-100:]):,}",
+                        str(messages),
+                        f"{statistics.median(tick_ms[-100:]):.2f}",
+                    ]
                 )
         view.close()
     return rows
 
 
-def cell_cost(cells: int) -> list[list[str]]:
+def cell_cost(cells: int, repeats: int = 7) -> list[list[str]]:
     from IPython.testing.globalipapp import get_ipython
 
     ip = get_ipython()
@@ -139,36 +153,51 @@ def cell_cost(cells: int) -> list[list[str]]:
             ip.run_cell(f"_x = {i}", store_history=True)
         return (time.perf_counter() - start) / cells * 1e6
 
-    steps: list[tuple[str, Callable[[], None]]] = [
-        ("no extension", lambda: None),
-        ("%load_ext nbhw, not sampling", lambda: ip.run_line_magic("load_ext", "nbhw")),
-        ("sampling (%hw memory)", lambda: ip.run_line_magic("hw", "memory")),
+    def unloaded() -> None:
+        if "nbhw" in ip.extension_manager.loaded:
+            ip.run_line_magic("unload_ext", "nbhw")
+
+    def loaded() -> None:
+        unloaded()
+        ip.run_line_magic("load_ext", "nbhw")
+
+    def sampling() -> None:
+        loaded()
+        with contextlib.redirect_stdout(io.StringIO()):
+            ip.run_line_magic("hw", "memory")
+
+    states: list[tuple[str, Callable[[], None]]] = [
+        ("no extension", unloaded),
+        ("%load_ext nbhw, not sampling", loaded),
+        ("sampling (%hw memory)", sampling),
     ]
-    rows = []
-    for name, setup in steps:
-        setup()
-        per_cell()  # warm up
-        rows.append([name, f"{statistics.median(per_cell() for _ in range(5)):.0f} µs"])
-    ip.run_line_magic("unload_ext", "nbhw")
-    return rows
+    times: dict[str, list[float]] = {name: [] for name, _ in states}
+    for i in range(repeats):
+        for name, enter in states if i % 2 == 0 else states[::-1]:
+            enter()
+            per_cell()  # warm up
+            times[name].append(per_cell())
+    unloaded()
+    return [[name, f"{statistics.median(values):.0f} µs"] for name, values in times.items()]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--steps", type=int, default=25000)
+    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--steps", type=int, default=20000)
     parser.add_argument("--quick", action="store_true", help="fewer repeats and ticks")
     args = parser.parse_args()
     repeats, steps = (3, 2000) if args.quick else (args.repeats, args.steps)
     torch.set_num_threads(1)  # one intra-op thread: the CPU time of other threads is the sampler's
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; median of {repeats} alternating runs\n")
     print("CPU-bound torch loop, sampler off vs on")
-    headers = ("setting", "median time", "ratio to off", "other threads' CPU")
+    headers = ("setting", "median wall", "wall vs off", "loop CPU vs off", "sampler CPU / wall")
     print(text_table(headers, overhead(repeats, steps), indent="  "))
-    marks = (100, 1200, 10_000) if not args.quick else (100, 1200, 2400)
+    marks = (100, 1200, 2400, 10_000) if not args.quick else (100, 1200, 2400)
     print("\nBytes sent per tick (every tick changes: none skipped), real widget, recording comm")
-    rows = bytes_per_tick(600, marks) + bytes_per_tick(60, (100, 10_000) if not args.quick else (100, 1200))
-    print(text_table(("window / slots", "tick", "bytes", "messages", "ms per tick"), rows, indent="  "))
+    rows = bytes_per_tick(600, marks) + bytes_per_tick(60, (100, 1200, 10_000) if not args.quick else (100, 1200))
+    headers = ("window / slots", "tick", "bytes", "median / max of the last 100", "messages", "ms per tick")
+    print(text_table(headers, rows, indent="  "))
     print("\nCell hooks: time per trivial cell in the real IPython shell")
     print(text_table(("state", "per cell"), cell_cost(200), indent="  "))
 

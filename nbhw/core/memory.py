@@ -837,7 +837,8 @@ class CellLog:
 
     def top(self, n: int = 5) -> list[CellRecord]:
         """The cells that needed the most memory above their start, on any device."""
-        ranked = [r for r in self.records if r.most is not None]
+        # A snapshot: the sampler thread renders this while the main thread may append a record.
+        ranked = [r for r in list(self.records) if r.most is not None]
         ranked.sort(key=lambda r: (r.most.used, r.most.delta) if r.most else (0, 0), reverse=True)
         return ranked[:n]
 
