@@ -48,7 +48,7 @@ def test_cells_that_allocate_are_recorded_with_their_execution_counts(
     capsys.readouterr()
     ip.run_cell("%hw memory", store_history=True)
     out = capsys.readouterr().out
-    assert "nbhw memory: sampling every 0.5 s" in out and "RSS (this process)" in out
+    assert "nbhw memory: sampling every " in out and "RSS (this process)" in out
     table = out[out.index("Cells that used the most memory") :]
     first_row = table.splitlines()[3]
     assert first_row.startswith(f"  [{spike.execution_count}]") and "tmp = np.ones" not in first_row

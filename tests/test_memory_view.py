@@ -110,7 +110,10 @@ def test_the_graph_has_a_trace_per_device_and_kind_capacity_lines_and_peak_marke
     assert names[7:] == ["peak", "peak"]  # one peak-marker trace per row: host, devices
     allocated = fig.data[names.index("cuda:0 allocated by torch (this process)")]
     assert allocated.y.dtype == np.float32 and allocated.y.tolist() == [1.0, 5.0, 2.0]
-    assert allocated.dx == 500 and allocated.yaxis == "y2"
+    assert allocated.dx == 500 and allocated.yaxis == "y3"  # the devices row
+    # The machine's memory is on the host row's right axis, this kernel's RSS on its left.
+    assert fig.data[names.index("host available (machine)")].yaxis == "y2"
+    assert fig.data[names.index("host RSS (this process)")].yaxis == "y"
     capacity = fig.data[names.index("cuda:0 capacity")]
     assert list(capacity.y) == [80.0, 80.0] and "80.000 GiB (81,920.0 MiB)" in capacity.hovertemplate
     device_peaks = fig.data[8]
@@ -227,3 +230,19 @@ def test_outside_a_kernel_a_monitor_displays_as_text_and_makes_no_widgets(rec: R
     finally:
         mon.stop()
     assert "nbhw memory: stopped" in repr(mon)
+
+
+def test_displaying_again_shows_the_same_widget_instead_of_adding_work(
+    rec: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ui, "in_kernel", lambda: True)
+    mon = ui.monitor(interval=0.05, window=5)
+    first = mon._repr_mimebundle_()["application/vnd.jupyter.widget-view+json"]["model_id"]
+    again = ui.monitor(interval=0.05, window=5)._repr_mimebundle_()
+    assert again["application/vnd.jupyter.widget-view+json"]["model_id"] == first
+    assert len(ui.views()) == 1 and "nbhw memory: sampling" in again["text/plain"]
+    ui.views()[0].close()
+    assert not mon.running  # it was the last view
+    mon.start()
+    fresh = mon._repr_mimebundle_()["application/vnd.jupyter.widget-view+json"]["model_id"]
+    assert fresh != first and len(ui.views()) == 1

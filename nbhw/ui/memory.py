@@ -36,6 +36,7 @@ ERRORS_CLASS = "nbhw-memory-errors"
 CELLS_CLASS = "nbhw-memory-cells"
 
 _views: list[MemoryView] = []
+_shared: dict[str, MemoryView] = {}
 
 STYLE = f"""<style>
 .{BOX_CLASS} {{ font-family: var(--jp-ui-font-family, sans-serif); font-size: 13px; }}
@@ -222,7 +223,11 @@ class MemoryView:
         rows = self._rows(traces)
         nrows = max(rows.values(), default=1)
         titles = ["host (this kernel and the machine)", "devices"][:nrows]
-        fig = make_subplots(rows=nrows, cols=1, shared_xaxes=True, vertical_spacing=0.1, subplot_titles=titles)
+        # The machine's figures (hundreds of GiB) get the host row's right axis, so this kernel's RSS stays readable.
+        specs = [[{"secondary_y": True}]] + [[{}]] * (nrows - 1)
+        fig = make_subplots(
+            rows=nrows, cols=1, shared_xaxes=True, vertical_spacing=0.1, subplot_titles=titles, specs=specs
+        )
         devices = list(dict.fromkeys(t.device for t in traces))
         for trace in traces:
             color = COLORS[devices.index(trace.device) % len(COLORS)]
@@ -237,6 +242,7 @@ class MemoryView:
                 hovertemplate="%{y:.3f} GiB",
                 row=rows[trace.key],
                 col=1,
+                secondary_y=_machine(trace) or None,
             )
         for row in sorted(set(rows.values())):
             fig.add_scatter(
@@ -250,6 +256,8 @@ class MemoryView:
                 col=1,
             )
         fig.update_yaxes(title_text="GiB", rangemode="tozero")
+        fig.update_yaxes(title_text="GiB, this kernel", row=1, col=1, secondary_y=False)
+        fig.update_yaxes(title_text="GiB, machine", showgrid=False, row=1, col=1, secondary_y=True)
         fig.update_xaxes(type="date")
         fig.update_layout(
             width=self.width,
@@ -345,7 +353,7 @@ class MemoryView:
                 "xref": "x",
                 "y": 1.0,
                 "yref": "paper",
-                "yanchor": "bottom",
+                "yanchor": "top",
                 "xanchor": "left",
                 "text": label,
                 "hovertext": hover,
@@ -380,6 +388,11 @@ class MemoryView:
         if self.log.version != self._cells_version:
             self._cells_version = self.log.version
             self.table.value = cells_html(self.log)
+
+
+def _machine(trace: memory.Trace) -> bool:
+    """Whether a trace is a machine-wide host figure (drawn on the host row's right axis)."""
+    return trace.device == "host" and trace.kind in {"available", "capacity"}
 
 
 def _cell_label(record: memory.CellRecord) -> str:
@@ -441,8 +454,20 @@ class Monitor:
         return memory.text(self.sampler, self.log)
 
     def view(self) -> MemoryView:
-        """A new live graph (another view of the same sampler)."""
+        """A new live graph of the same sampler, with widgets of its own."""
         return MemoryView(self.sampler, self.log)
+
+    def shared_view(self) -> MemoryView:
+        """The graph displaying a monitor shows: one widget, however often it is displayed.
+
+        Re-running ``%hw memory`` shows the same widget again, so the kernel keeps updating one graph rather
+        than one per run.
+        """
+        with LOCK:
+            view = _shared.get("view")
+            if view is None or view.closed or view.sampler is not self.sampler:
+                view = _shared["view"] = MemoryView(self.sampler, self.log)
+            return view
 
     def __repr__(self) -> str:
         return self.text()
@@ -450,7 +475,7 @@ class Monitor:
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         bundle: dict[str, Any] = {}
         if in_kernel():
-            bundle.update(self.view().box._repr_mimebundle_() or {})
+            bundle.update(self.shared_view().box._repr_mimebundle_() or {})
         bundle["text/plain"] = self.text()
         return bundle
 
