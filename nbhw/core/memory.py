@@ -438,7 +438,8 @@ class Sampler:
         self._lock = threading.RLock()
         self._clock, self._wall, self._discover = clock, wall, discover
         self._sources: list[Source] | None = None
-        self._torch_seen = "torch" in sys.modules
+        # Given sources are fixed (tests, the server); discovered ones are looked for again once torch appears.
+        self._torch_seen = sources is not None
         self._subscribers: list[Subscriber] = []
         self._thread: threading.Thread | None = None
         # The current thread's stop event, in a box the finalizer below can see after start() replaces it.
@@ -510,6 +511,7 @@ class Sampler:
         """The sources sampled now (discovered on first use)."""
         with self._lock:
             if self._sources is None:
+                self._torch_seen = "torch" in sys.modules
                 self._set_sources(self._discover())
             assert self._sources is not None
             return list(self._sources)
