@@ -20,17 +20,21 @@ _LAZY = {
     "UserError": "nbhw.core.errors:UserError",
     "plan": "nbhw.core.plan:plan",
     "LoadPlan": "nbhw.core.plan:LoadPlan",
+    "monitor": "nbhw.ui.memory:monitor",
+    "Monitor": "nbhw.ui.memory:Monitor",
 }
 
 __all__ = [
     "AttentionAdvice",
     "Hardware",
     "LoadPlan",
+    "Monitor",
     "UserError",
     "__version__",
     "attention",
     "detect",
     "load_ipython_extension",
+    "monitor",
     "plan",
     "report",
     "unload_ipython_extension",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -63,7 +64,19 @@ class HwMagics(Magics):
             display(result)
 
     def _run_memory(self, args: argparse.Namespace) -> None:
-        raise UserError("%hw memory: not available in this version")
+        from nbhw.ui import memory
+
+        if args.stop:
+            memory.stop()
+            print("nbhw: memory sampling stopped (%hw memory starts it again)")
+            return
+        interval = self.interval if args.interval is None else args.interval
+        window = self.window if args.window is None else args.window
+        monitor = memory.monitor(interval=interval, window=window)
+        if in_kernel(self.shell):
+            display(monitor)
+        else:
+            print(monitor.text())
 
     def _run_attention(self, args: argparse.Namespace) -> None:
         from nbhw.core.attention import advise
@@ -85,13 +98,48 @@ class HwMagics(Magics):
             display(plan)
 
 
+def _memory() -> Any:
+    # The memory module is imported only by %hw memory / nbhw.monitor(): until then a cell hook costs a dict lookup.
+    return sys.modules.get("nbhw.core.memory")
+
+
+def _nbhw_pre_run_cell(info: Any) -> None:
+    """Per-cell memory: a cell starts (runs on the main thread, before the cell)."""
+    memory = _memory()
+    if memory is not None:
+        memory.cell_started(info, getattr(info, "raw_cell", "") or "")
+
+
+def _nbhw_post_run_cell(result: Any) -> None:
+    """Per-cell memory: the cell ended (main thread); ``result.info`` is the object pre_run_cell saw."""
+    memory = _memory()
+    if memory is not None and result is not None:
+        memory.cell_finished(result.info, result.execution_count, result.success)
+
+
+CELL_EVENTS = {"pre_run_cell": _nbhw_pre_run_cell, "post_run_cell": _nbhw_post_run_cell}
+
+
 def load(shell: Any) -> None:
-    """Register %hw; IPython's Magics adds the instance to shell.configurables, so %config reaches it."""
+    """Register %hw and the cell events; IPython's Magics adds the instance to shell.configurables (%config)."""
     shell.register_magics(HwMagics(shell=shell))
+    for event, callback in CELL_EVENTS.items():
+        shell.events.register(event, callback)
+
+
+def _remove_cell_events(shell: Any) -> None:
+    # By name: %reload_ext re-imports this module, so the registered functions may be older copies.
+    for event, callback in CELL_EVENTS.items():
+        callbacks = shell.events.callbacks.get(event, [])
+        callbacks[:] = [c for c in callbacks if getattr(c, "__name__", None) != callback.__name__]
 
 
 def unload(shell: Any) -> None:
-    """Remove %hw and everything the extension started."""
+    """Remove %hw and the cell events, and stop everything the extension started."""
+    _remove_cell_events(shell)
+    memory = _memory()
+    if memory is not None:
+        memory.stop_all()
     manager = shell.magics_manager
     manager.magics["line"].pop("hw", None)
     manager.registry.pop("HwMagics", None)

@@ -1,0 +1,1 @@
+"""Notebook views (ipywidgets + plotly) over nbhw.core; one module per view."""
