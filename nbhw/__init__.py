@@ -22,6 +22,8 @@ _LAZY = {
     "LoadPlan": "nbhw.core.plan:LoadPlan",
     "monitor": "nbhw.ui.memory:monitor",
     "Monitor": "nbhw.ui.memory:Monitor",
+    "panel": "nbhw.ui.panel:panel",
+    "Panel": "nbhw.ui.panel:Panel",
 }
 
 __all__ = [
@@ -29,12 +31,14 @@ __all__ = [
     "Hardware",
     "LoadPlan",
     "Monitor",
+    "Panel",
     "UserError",
     "__version__",
     "attention",
     "detect",
     "load_ipython_extension",
     "monitor",
+    "panel",
     "plan",
     "report",
     "unload_ipython_extension",

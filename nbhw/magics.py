@@ -41,9 +41,13 @@ class HwMagics(Magics):
     hw.__doc__ = words.magic_help()
 
     def _run_panel(self, args: argparse.Namespace) -> None:
-        from nbhw.core.detect import detect
+        from nbhw.ui.panel import panel
 
-        display(detect())
+        shown = panel(interval=self.interval, window=self.window)
+        if in_kernel(self.shell):
+            display(shown)
+        else:
+            print(shown.text())
 
     def _run_devices(self, args: argparse.Namespace) -> None:
         from nbhw.core.detect import detect
@@ -90,10 +94,27 @@ class HwMagics(Magics):
     def _run_load(self, args: argparse.Namespace) -> None:
         from nbhw.core.plan import from_words
 
-        plan = from_words(args)
+        plan = from_words(args)  # a mistake in the words is a UsageError here, not a message in a panel
         if args.emit:
             self.shell.set_next_input(plan.code, replace=False)
             display(plan.view(code=False))
+        elif in_kernel(self.shell):
+            from nbhw.ui.panel import panel
+
+            opened = panel(
+                args.model,
+                device_map=plan.args.device_map,
+                dtype=plan.args.dtype if args.dtype else None,
+                attn_implementation=plan.args.attn_implementation,
+                use_kernels=plan.args.use_kernels,
+                quantization=plan.args.quantization,
+                max_memory=plan.args.max_memory,
+                offline=args.offline,
+                tab="Load",
+                interval=self.interval,
+                window=self.window,
+            )
+            display(opened)
         else:
             display(plan)
 
@@ -137,6 +158,9 @@ def _remove_cell_events(shell: Any) -> None:
 def unload(shell: Any) -> None:
     """Remove %hw and the cell events, and stop everything the extension started."""
     _remove_cell_events(shell)
+    panels = sys.modules.get("nbhw.ui.panel")
+    if panels is not None:
+        panels.close_all()
     memory = _memory()
     if memory is not None:
         memory.stop_all()

@@ -48,7 +48,6 @@ PACKAGES = (
     "jupyter_server",
     "plotly",
     "anywidget",
-    "ipylab",
     "nvidia-ml-py",
     "amdsmi",
     "psutil",

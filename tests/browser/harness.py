@@ -151,8 +151,10 @@ class JupyterServer:
         return self
 
     def _prepare_dirs(self) -> None:
-        for name in ("root", "config", "runtime", "data", "workspaces", "settings", "ipython"):
+        for name in ("root", "config", "runtime", "data", "workspaces", "settings", "ipython", "labextensions"):
             (self.home / name).mkdir(parents=True, exist_ok=True)
+        # nbhw's front-end extension as built in this checkout, ahead of any copy an install put in the venv.
+        (self.home / "labextensions" / "nbhw").symlink_to(ROOT / "nbhw" / "labextension", target_is_directory=True)
         for rel, values in SETTINGS.items():
             path = self.home / "settings" / rel
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -178,6 +180,8 @@ class JupyterServer:
             "--ServerApp.open_browser=False",
             "--ServerApp.terminals_enabled=False",
             f"--{app}.expose_app_in_browser=True",
+            # LabServerApp: the notebook app lists extensions, but the JupyterLab app in the same server serves them.
+            f"--LabServerApp.extra_labextensions_path={self.home / 'labextensions'}",
             *self.flavor.options,
         ]
         if os.geteuid() == 0:

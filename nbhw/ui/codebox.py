@@ -1,0 +1,66 @@
+"""The code box of the Load tab: the previewed cell, syntax highlighted and selectable, with "Insert cell below"
+and "Copy" run in the browser (static/codebox.js; insertion by nbhw's JupyterLab extension, js/src/index.js).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+STATIC = Path(__file__).parent / "static"
+CSS = """
+.nbhw-codebox { display: flex; flex-direction: column; gap: 4px; max-width: 900px; }
+.nbhw-codebox-code { margin: 0; padding: 6px 8px; overflow-x: auto; user-select: text; -webkit-user-select: text;
+  font-family: var(--jp-code-font-family, monospace); font-size: var(--jp-code-font-size, 13px); line-height: 1.35;
+  background: var(--jp-cell-editor-background, #f7f7f7); border: 1px solid var(--jp-border-color2, #ddd);
+  white-space: pre; cursor: text; }
+.nbhw-codebox-code[data-empty="true"] { display: none; }
+.nbhw-codebox-bar { display: flex; gap: 6px; align-items: center; }
+.nbhw-codebox-status { color: var(--jp-ui-font-color2, #555); font-size: 12px; }
+"""
+
+
+def highlight(code: str) -> str:
+    """Python source as inline-styled HTML spans (no CSS classes needed): its text is exactly ``code``."""
+    from pygments import highlight as render
+    from pygments.formatters import HtmlFormatter
+    from pygments.lexers import PythonLexer
+
+    if not code:
+        return ""
+    # stripnl/ensurenl off and nowrap on: the spans' text is the code, character for character, except for the
+    # line end pygments' formatter still adds after the last line.
+    lexer = PythonLexer(stripnl=False, ensurenl=False)
+    html = str(render(code, lexer, HtmlFormatter(nowrap=True, noclasses=True, style="default")))
+    return html[:-1] if html.endswith("\n") and not code.endswith("\n") else html
+
+
+@functools.cache
+def codebox_class() -> type:
+    """The widget class, made on first use so that importing nbhw.ui stays cheap."""
+    import anywidget
+    import traitlets
+
+    class CodeBox(anywidget.AnyWidget):
+        """The previewed code (``code``), its highlighted form (``html``) and a status line (``note``)."""
+
+        _esm = (STATIC / "codebox.js").read_text()
+        _css = CSS
+        code = traitlets.Unicode("").tag(sync=True)
+        html = traitlets.Unicode("").tag(sync=True)
+        note = traitlets.Unicode("").tag(sync=True)
+
+        def show(self, code: str, note: str = "") -> None:
+            """Show ``code`` (empty: no code, buttons off) in one message."""
+            with self.hold_sync():
+                self.code = code
+                self.html = highlight(code)
+                self.note = note
+
+    return CodeBox
+
+
+def codebox(**kwargs: Any) -> Any:
+    """A new code box."""
+    return codebox_class()(**kwargs)

@@ -1,0 +1,389 @@
+"""The Load tab: controls whose choices come from this machine, and a live preview of the from_pretrained cell.
+
+Every change submits one job to the panels' worker (debounced, off the kernel's thread): choices for the model
+(cached), then :func:`nbhw.core.loadform.preview`, then the HTML; the worker applies it under the widgets' lock
+unless a newer change came in. The code box's "Insert cell below" and "Copy" run in the browser.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from typing import Any
+
+from nbhw.core import fmt, loadform
+from nbhw.core.loadform import Choices, Form, Option, Preview, Unit
+from nbhw.ui.codebox import codebox
+from nbhw.ui.worker import LOCK, Worker, locked
+
+DEFAULT = ""  # the dropdown value of "None" (the default): ipywidgets reads a None value as "nothing selected"
+LABEL_WIDTH = "150px"
+COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+HOST_COLORS = {"cpu": "#9e9e9e", "disk": "#616161"}
+CHOICES_CACHE = 16
+STYLE = """<style>
+.nbhw-load .nbhw-note { color: var(--jp-ui-font-color2, #555); font-size: 12px; line-height: 1.3; }
+.nbhw-load .nbhw-bad { color: var(--jp-error-color1, #b42318); }
+.nbhw-load .nbhw-message { font-weight: 600; }
+.nbhw-placement-blocks { display: flex; flex-wrap: wrap; gap: 2px; max-width: 860px; align-items: flex-end; }
+.nbhw-placement-blocks span { display: inline-block; width: 16px; border-radius: 2px; }
+.nbhw-placement-legend span.swatch { display: inline-block; width: 10px; height: 10px; margin: 0 4px 0 10px;
+  border-radius: 2px; }
+</style>"""
+
+_choices_lock = threading.Lock()
+_choices: OrderedDict[tuple[Any, ...], Choices] = OrderedDict()
+
+
+def cached_choices(form: Form) -> Choices:
+    """The choices for a form's model, device and dtype, computed once per combination."""
+    key = (form.model.strip(), form.device_map, form.dtype, form.offline)
+    with _choices_lock:
+        if key in _choices:
+            _choices.move_to_end(key)
+            return _choices[key]
+    found = loadform.choices(form.model.strip(), device_map=form.device_map, dtype=form.dtype, offline=form.offline)
+    with _choices_lock:
+        _choices[key] = found
+        while len(_choices) > CHOICES_CACHE:
+            _choices.popitem(last=False)
+    return found
+
+
+def clear_cache() -> None:
+    """Forget cached choices (detection and advice are read again)."""
+    with _choices_lock:
+        _choices.clear()
+
+
+# ---------------------------------------------------------------- HTML pieces
+
+
+def device_colors(devices: list[str]) -> dict[str, str]:
+    """One colour per device, in the order given; cpu and disk in greys."""
+    colors: dict[str, str] = {}
+    palette = iter(COLORS * (1 + len(devices) // len(COLORS)))
+    for device in devices:
+        if device not in colors:
+            colors[device] = HOST_COLORS.get(device) or next(palette)
+    return colors
+
+
+def picture_html(preview: Preview) -> str:
+    """The placement as a row of blocks in model order (decoder layers tall), coloured by device, with a legend."""
+    blocks: list[Unit] = preview.units
+    if not blocks:
+        return ""
+    colors = device_colors([u.device for u in blocks])
+    cells = "".join(
+        f'<span data-device="{fmt.esc(u.device)}" title="{fmt.esc(u.name)} → {fmt.esc(u.device)} '
+        f'({fmt.size(u.bytes)})" style="height:{28 if u.layer else 14}px;background:{colors[u.device]}"></span>'
+        for u in blocks
+    )
+    legend = []
+    for device, color in colors.items():
+        mine = [u for u in blocks if u.device == device]
+        layers = sum(u.layer for u in mine)
+        what = f"{layers} layer{'s' if layers != 1 else ''}" + (
+            f" + {len(mine) - layers} other" if len(mine) > layers else ""
+        )
+        size = fmt.size(sum(u.bytes for u in mine))
+        legend.append(f'<span class="swatch" style="background:{color}"></span>{fmt.esc(device)}: {what}, {size}')
+    return (
+        f'<div class="nbhw-placement"><b>Placement: {fmt.esc(preview.verdict)}</b>'
+        f'<div class="nbhw-placement-blocks">{cells}</div>'
+        f'<div class="nbhw-placement-legend nbhw-note">{"".join(legend)}</div></div>'
+    )
+
+
+def note_html(text: str, bad: bool = False) -> str:
+    """A short note beside a control."""
+    return f'<span class="nbhw-note{" nbhw-bad" if bad else ""}">{fmt.esc(text)}</span>'
+
+
+def message_html(preview: Preview, choices: Choices | None) -> str:
+    """The line above the code: the mistake in an entry, or what the dry run says."""
+    if preview.error is not None:
+        return f'<span class="nbhw-message nbhw-bad">✗ {fmt.esc(preview.error)}</span>'
+    extra = f" ({fmt.esc(choices.problem)})" if choices is not None and choices.problem else ""
+    if preview.problems:
+        n = len(preview.problems)
+        return f'<span class="nbhw-message nbhw-bad">Dry run: {n} problem{"s" if n > 1 else ""}</span>{extra}'
+    return f'<span class="nbhw-message">✓ Dry run: transformers accepts this plan here</span>{extra}'
+
+
+@dataclass
+class Result:
+    """Everything one job hands to the widgets."""
+
+    form: Form
+    choices: Choices | None
+    preview: Preview
+    picture: str
+    report: str
+
+
+def compute(form: Form) -> Result:
+    """Choices, preview and HTML for a form (the worker runs this off the kernel's thread)."""
+    from nbhw.core.errors import UserError
+
+    choices: Choices | None = None
+    try:
+        choices = cached_choices(form)
+    except UserError as exc:
+        return Result(form, None, Preview(form, error=str(exc)), "", "")
+    if form.dtype is None:
+        form = form.with_dtype(choices.advised_dtype)
+    preview = loadform.preview(form)
+    report = preview.plan.html(code=False) if preview.plan is not None else ""
+    return Result(form, choices, preview, picture_html(preview), report)
+
+
+# ---------------------------------------------------------------- the view
+
+
+def _pairs(options: list[Option], current: str | None) -> list[tuple[str, str]]:
+    """Dropdown (label, value) pairs, with the current value added when the choices don't hold it."""
+    pairs = [(o.label, DEFAULT if o.value is None else o.value) for o in options]
+    value = DEFAULT if current is None else current
+    if value not in [v for _, v in pairs]:
+        pairs.append((f"{value} (given)", value))
+    return pairs
+
+
+class _Controls:
+    """ipywidgets' controls, each handling the browser's messages under the widgets' lock."""
+
+    def __getattr__(self, name: str) -> Any:
+        import ipywidgets
+
+        found = getattr(ipywidgets, name)
+        return locked(found) if name in {"Combobox", "Checkbox", "Dropdown", "Text"} else found
+
+
+_controls = _Controls()
+
+
+def _widgets() -> Any:
+    return _controls
+
+
+class LoadView:
+    """The Load tab's widgets over a :class:`Form`; every change re-plans in the background."""
+
+    def __init__(self, form: Form, worker: Worker, models: list[str] | None = None) -> None:
+        w = _widgets()
+        self.form = form
+        self.worker = worker
+        self.choices: Choices | None = None
+        self.result: Result | None = None
+        self.closed = False
+        self._syncing = False
+        self._key = ("load", id(self))
+        label = {"description_width": LABEL_WIDTH}
+        wide = w.Layout(width="640px")
+        self.model = w.Combobox(
+            value=form.model, options=list(models or []), description="model", ensure_option=False,
+            continuous_update=False, placeholder="Hub id (org/name) or local folder", style=label, layout=wide,
+        )  # fmt: skip
+        self.offline = w.Checkbox(value=form.offline, description="offline (never contact the Hub)", indent=False)
+        self.device_map = self._dropdown("device_map", [(form.device_map, form.device_map)], form.device_map)
+        dtype = form.dtype or "auto"
+        self.dtype = self._dropdown("dtype", [(dtype, dtype)], dtype)
+        attn = DEFAULT if form.attn_implementation is None else form.attn_implementation
+        self.attn = self._dropdown("attn_implementation", [(attn or "default", attn)], attn)
+        self.use_kernels = w.Checkbox(value=form.use_kernels, description="use_kernels", style=label)
+        quant = DEFAULT if form.quantization is None else form.quantization
+        self.quantization = self._dropdown("quantization", [(quant or "none", quant)], quant)
+        self.device_note, self.dtype_note, self.attn_note, self.quant_note = (w.HTML() for _ in range(4))
+        self.memory_fields: dict[str, Any] = {}
+        self.memory = w.HBox(layout=w.Layout(flex_flow="row wrap"))
+        self.memory_label = w.HTML(
+            f'<div style="width:{LABEL_WIDTH};text-align:right;padding-right:8px">max_memory</div>'
+        )
+        self.message = w.HTML("<span class='nbhw-note'>planning…</span>")
+        self.code = codebox()
+        self.picture = w.HTML()
+        self.report = w.HTML()
+        row = functools.partial(w.HBox, layout=w.Layout(align_items="center", gap="8px"))
+        self.box = w.VBox(
+            [
+                w.HTML(STYLE),
+                row([self.model, self.offline]),
+                row([self.device_map, self.device_note]),
+                row([self.dtype, self.dtype_note]),
+                row([self.attn, self.attn_note]),
+                row([self.use_kernels, self.quantization, self.quant_note]),
+                row([self.memory_label, self.memory]),
+                self.message,
+                self.code,
+                self.picture,
+                self.report,
+            ]
+        )
+        self.box.add_class("nbhw-load")
+        self.box.add_class("nbhw")
+        for control in (self.model, self.offline, self.device_map, self.dtype, self.attn, self.use_kernels):
+            control.observe(self._changed, names="value")
+        self.quantization.observe(self._changed, names="value")
+        self._set_memory_fields([loadform.MemoryField(k, k, None) for k, _ in form.max_memory])
+        self.refresh()
+
+    def _dropdown(self, name: str, pairs: list[tuple[str, str]], value: str) -> Any:
+        w = _widgets()
+        return w.Dropdown(
+            options=pairs, value=value, description=name, style={"description_width": LABEL_WIDTH},
+            layout=w.Layout(width="460px"),
+        )  # fmt: skip
+
+    # -- the form
+
+    def read_form(self) -> Form:
+        """The form as the controls hold it now."""
+        memory = tuple((key, str(field.value)) for key, field in self.memory_fields.items())
+        return Form(
+            model=str(self.model.value),
+            device_map=str(self.device_map.value),
+            dtype=str(self.dtype.value),
+            attn_implementation=self.attn.value or None,
+            use_kernels=bool(self.use_kernels.value),
+            quantization=self.quantization.value or None,
+            max_memory=memory,
+            offline=bool(self.offline.value),
+        )
+
+    def _changed(self, change: Any = None) -> None:
+        with LOCK:
+            if self._syncing or self.closed:
+                return
+            self.form = self.read_form()
+            self.message.value = "<span class='nbhw-note'>planning…</span>"
+            self.refresh()
+
+    def refresh(self) -> int:
+        """Plan the current form in the background; the job's generation."""
+        form = self.form
+        return self.worker.submit(self._key, lambda: compute(form), self._apply)
+
+    def set(self, **values: Any) -> None:
+        """Change form fields as a user would (tests, scripts): the controls follow, then a new plan."""
+        with LOCK:
+            self.form = replace(self.form, **values)
+            self._syncing = True
+            try:
+                self._show_form(self.form)
+            finally:
+                self._syncing = False
+            self.refresh()
+
+    # -- applying a result (under the lock, on the worker's thread)
+
+    def _apply(self, result: Result) -> None:
+        if self.closed:
+            return
+        self._syncing = True
+        try:
+            # The newest job's form is this view's form, but for an unset dtype now settled on the advised one.
+            self.form = result.form
+            if result.choices is not None and result.choices is not self.choices:
+                self._show_choices(result.choices, result.form)
+            self._show_form(result.form)
+            self._show_notes(result)
+            self.message.value = message_html(result.preview, result.choices)
+            self.code.show(result.preview.code)
+            self.picture.value = result.picture
+            self.report.value = result.report
+            self.result = result
+        finally:
+            self._syncing = False
+
+    def _show_choices(self, choices: Choices, form: Form) -> None:
+        self.choices = choices
+        for dropdown, options, value in (
+            (self.device_map, choices.device_maps, form.device_map),
+            (self.dtype, choices.dtypes, form.dtype),
+            (self.attn, choices.attention, form.attn_implementation),
+            (self.quantization, choices.quantizations, form.quantization),
+        ):
+            pairs = _pairs(list(options), value)
+            if list(dropdown.options) != pairs:
+                with dropdown.hold_sync():  # options and value in one message
+                    dropdown.options = pairs
+                    dropdown.value = DEFAULT if value is None else value
+        known = {f.key for f in choices.memory}
+        extra = [loadform.MemoryField(k, k, None) for k, _ in form.max_memory if k not in known]
+        self._set_memory_fields([*choices.memory, *extra])
+
+    def _set_memory_fields(self, fields: list[loadform.MemoryField]) -> None:
+        w = _widgets()
+        if [f.key for f in fields] == list(self.memory_fields):
+            return
+        sizes = dict(self.form.max_memory)
+        old, self.memory_fields = self.memory_fields, {}
+        for f in fields:
+            free = f"free {fmt.size(f.free)}" if f.free is not None else "size, e.g. 70GiB"
+            text = w.Text(
+                value=old[f.key].value if f.key in old else sizes.get(f.key, ""), description=f.device,
+                placeholder=free, continuous_update=False, layout=w.Layout(width="220px"),
+                style={"description_width": "60px"},
+            )  # fmt: skip
+            text.observe(self._changed, names="value")
+            self.memory_fields[f.key] = text
+        self.memory.children = list(self.memory_fields.values())
+        for widget in old.values():
+            widget.close()
+
+    def _show_form(self, form: Form) -> None:
+        self.model.value = form.model
+        self.offline.value = form.offline
+        for dropdown, value in (
+            (self.device_map, form.device_map),
+            (self.dtype, form.dtype or "auto"),
+            (self.attn, form.attn_implementation),
+            (self.quantization, form.quantization),
+        ):
+            wanted = DEFAULT if value is None else value
+            if wanted not in [v for _, v in dropdown.options]:
+                with dropdown.hold_sync():
+                    dropdown.options = [*dropdown.options, (f"{wanted} (given)", wanted)]
+                    dropdown.value = wanted
+            elif dropdown.value != wanted:
+                dropdown.value = wanted
+        self.use_kernels.value = form.use_kernels
+        sizes = dict(form.max_memory)
+        for key, field in self.memory_fields.items():
+            field.value = sizes.get(key, "")
+
+    def _show_notes(self, result: Result) -> None:
+        choices = result.choices
+        if choices is None:
+            return
+        form = result.form
+        advised = choices.advised_dtype
+        self.dtype_note.value = note_html(f"advised for {choices.target}: {advised} — {choices.dtype_reason}")
+        option = choices.attention_option(form.attn_implementation)
+        if option is None:
+            self.attn_note.value = note_html("not one of the advisor's rows: checked by the dry run only")
+        else:
+            self.attn_note.value = note_html(option.reason, bad=not option.ok)
+        self.quant_note.value = note_html(choices.quantization_note, bad=len(choices.quantizations) == 1)
+        self.device_note.value = note_html(f"the advice on this tab is for {choices.target}")
+
+    # -- lifecycle
+
+    def widgets(self) -> list[Any]:
+        """Every widget this view owns (closed with it)."""
+        return [
+            *self.box.children,
+            *(c for row in self.box.children[1:7] for c in getattr(row, "children", ())),
+            *self.memory_fields.values(),
+            self.box,
+        ]
+
+    def close(self) -> None:
+        """Close the widgets; a job still running for this view is dropped."""
+        self.closed = True
+        for widget in self.widgets():
+            widget.close()

@@ -1,0 +1,228 @@
+"""``%hw`` / ``nbhw.panel()``: one panel with the tabs Devices · Memory · Attention · Load.
+
+The widgets are made when the panel is first displayed in a kernel; in a terminal the panel is text. Every slow
+step (detection, advice, plans) runs on the one ``nbhw-panel`` worker thread shared by all panels; the memory graph
+starts when its tab is first opened. :func:`close_all` (``%unload_ext nbhw``) closes every panel and stops the
+worker.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nbhw.core.errors import UserError, one_of
+from nbhw.core.loadform import Form, device_map_word, memory_pairs
+
+if TYPE_CHECKING:
+    from nbhw.ui.worker import Worker
+
+TABS = ("Devices", "Memory", "Attention", "Load")
+MEMORY_WAITING = "<span class='nbhw-note'>The memory graph starts when this tab is opened.</span>"
+
+_lock = threading.Lock()
+_open: list[Panel] = []
+_workers: list[Worker] = []  # the one worker while a panel is open
+
+
+def shared_worker() -> Worker:
+    """The worker every open panel uses, started on first use."""
+    from nbhw.ui.worker import Worker
+
+    with _lock:
+        if not _workers:
+            _workers.append(Worker())
+        return _workers[0]
+
+
+def _stop_worker_if_unused() -> None:
+    with _lock:
+        unused = [] if _open else list(_workers)
+        _workers[:] = [] if unused else _workers
+    for worker in unused:
+        worker.stop()  # outside every lock: the thread may be waiting for the widgets' lock
+
+
+def open_panels() -> list[Panel]:
+    """The panels whose widgets exist and are not closed."""
+    with _lock:
+        return list(_open)
+
+
+def close_all() -> None:
+    """Close every panel and stop the worker (``%unload_ext nbhw``)."""
+    for panel in open_panels():
+        panel.close()
+    _stop_worker_if_unused()
+
+
+def _in_kernel() -> bool:
+    from nbhw.ui.memory import in_kernel
+
+    return in_kernel()
+
+
+class Panel:
+    """The tabbed panel. Display it in Jupyter; ``.load`` is the Load tab's view once displayed; ``.close()``."""
+
+    def __init__(self, form: Form, *, tab: str = "Devices", interval: float = 0.5, window: float = 600.0) -> None:
+        if tab not in TABS:
+            raise one_of("tab", tab, list(TABS))
+        self.form = form
+        self.tab = tab
+        self.interval = interval
+        self.window = window
+        self.closed = False
+        self.devices: Any = None
+        self.attention: Any = None
+        self.load: Any = None
+        self.memory: Any = None
+        self._tabs: Any = None
+        self._memory_box: Any = None
+
+    def __repr__(self) -> str:
+        return f"Panel({self.form.model!r}, tab={self.tab!r})"
+
+    # -- widgets
+
+    @property
+    def widget(self) -> Any:
+        """The ipywidgets Tab (made on first use, which starts the background work)."""
+        if self._tabs is None:
+            self._build()
+        return self._tabs
+
+    def _build(self) -> None:
+        import ipywidgets as w
+
+        from nbhw.core.loadform import cached_models
+        from nbhw.ui.attention import AttentionView
+        from nbhw.ui.devices import DevicesView
+        from nbhw.ui.load import LoadView
+
+        if self.closed:
+            raise UserError("this panel was closed; run %hw or nbhw.panel() for a new one")
+        worker = shared_worker()
+        models = list(dict.fromkeys([self.form.model, *cached_models()]))
+        self.devices = DevicesView(worker)
+        self._memory_box = w.VBox([w.HTML(MEMORY_WAITING)])
+        self.attention = AttentionView(worker, self.form.model, self.form.offline, models)
+        self.load = LoadView(self.form, worker, models)
+        tabs = w.Tab(children=[self.devices.box, self._memory_box, self.attention.box, self.load.box])
+        tabs.titles = TABS
+        tabs.selected_index = TABS.index(self.tab)
+        tabs.add_class("nbhw-panel")
+        tabs.add_class("nbhw")
+        tabs.observe(self._tab_selected, names="selected_index")
+        with _lock:
+            _open.append(self)
+        self._tabs = tabs
+        if self.tab == "Memory":
+            self._start_memory()
+
+    def _tab_selected(self, change: Any) -> None:
+        if change["new"] == TABS.index("Memory"):
+            self._start_memory()
+
+    def _start_memory(self) -> None:
+        from nbhw.ui.memory import LOCK, monitor
+
+        with LOCK:
+            if self.memory is not None or self.closed:
+                return
+            try:
+                self.memory = monitor(interval=self.interval, window=self.window).view()
+            except UserError as exc:
+                import ipywidgets as w
+
+                self._memory_box.children = [w.HTML(f"<span class='nbhw-bad'>✗ {exc}</span>")]
+                return
+            self._memory_box.children = [self.memory.box]
+
+    def close(self) -> None:
+        """Close the widgets and the memory graph; the worker stops when no panel is left."""
+        if self.closed:
+            return
+        self.closed = True
+        with _lock:
+            if self in _open:
+                _open.remove(self)
+        if self.memory is not None:
+            self.memory.close()  # the last memory view closing stops the sampler
+        for view in (self.devices, self.attention, self.load):
+            if view is not None:
+                view.close()
+        for widget in (self._memory_box, self._tabs):
+            if widget is not None:
+                widget.close()
+        _stop_worker_if_unused()
+
+    # -- text and display
+
+    def text(self) -> str:
+        """The panel in a terminal: the devices view and the load plan (the graph and tables need Jupyter)."""
+        from nbhw.core import loadform
+        from nbhw.core.detect import detect
+
+        parts = [detect().text().rstrip(), ""]
+        preview = loadform.preview(self.form)
+        if preview.plan is not None:
+            parts.append(preview.plan.text().rstrip())
+        else:
+            parts.append(f"nbhw: load plan: {preview.error}")
+        parts += ["", "In Jupyter, %hw shows these as tabs with the memory graph and the attention advice;", (
+            "in a terminal: %hw memory, %hw attention, %hw load.")]  # fmt: skip
+        return "\n".join(parts) + "\n"
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        if not _in_kernel():
+            return {"text/plain": self.text()}
+        bundle: dict[str, Any] = dict(self.widget._repr_mimebundle_() or {})
+        bundle["text/plain"] = f"nbhw panel: {', '.join(TABS)} (needs a Jupyter front end with widgets)"
+        return bundle
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(self.text())
+
+
+def panel(
+    model: str | Path | None = None,
+    *,
+    device_map: Any = "auto",
+    dtype: Any = None,
+    attn_implementation: str | None = None,
+    use_kernels: bool = False,
+    quantization: str | None = None,
+    max_memory: Any = None,
+    offline: bool = False,
+    tab: str = "Devices",
+    interval: float = 0.5,
+    window: float = 600.0,
+) -> Panel:
+    """The full panel: Devices · Memory · Attention · Load (``%hw``; ``%hw load MODEL ...`` opens it on Load).
+
+    The Load tab starts from these arguments, the same as :func:`nbhw.plan` takes (``dtype=None``: the advised
+    dtype; ``model=None``: the most recently used model in the local HF cache, else nbhw's tiny local model). Its
+    controls offer what this machine can use, and every change re-plans in the background: code, dry-run problems,
+    estimate and placement. "Insert cell below" puts the code in a new cell directly below the panel's cell
+    (JupyterLab 4 and Notebook 7); "Copy" puts it on the clipboard; the code box stays selectable. Mistakes in an
+    entry show as a message in the panel. ``interval`` and ``window`` set the memory graph (``%hw memory``).
+    """
+    from nbhw.core import loadform
+
+    name = str(model) if model is not None else loadform.default_model()
+    form = Form(
+        model=name,
+        device_map=device_map_word(device_map),
+        dtype=None if dtype is None else str(dtype).removeprefix("torch."),
+        attn_implementation=attn_implementation,
+        use_kernels=bool(use_kernels),
+        quantization=quantization,
+        max_memory=memory_pairs(max_memory),
+        offline=offline,
+    )
+    return Panel(form, tab=tab, interval=interval, window=window)
