@@ -126,10 +126,10 @@ class Preview:
 
 def cached_models() -> list[str]:
     """Hub model ids in the local HF cache with a config.json, most recently used first (nothing is fetched)."""
-    from huggingface_hub import scan_cache_dir
+    from huggingface_hub import constants, scan_cache_dir
 
     try:
-        cache = scan_cache_dir()
+        cache = scan_cache_dir(constants.HF_HUB_CACHE)
     except Exception:  # no cache folder yet, or one huggingface_hub can't read: nothing cached to offer
         return []
     repos = [

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import importlib.util
+import threading
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -103,17 +104,23 @@ def needs_download(attn_implementation: str | None) -> bool:
     return False
 
 
+# hub_offline() and quiet() save and restore process-wide settings: two threads interleaving them (the panel's
+# worker and a cell) could leave the Hub offline or warnings off for good, so they take turns.
+_settings_lock = threading.RLock()
+
+
 @contextlib.contextmanager
 def hub_offline() -> Iterator[None]:
     """Make huggingface_hub refuse the network for the duration (the second guard against downloads)."""
     from huggingface_hub import constants
 
-    old = constants.HF_HUB_OFFLINE
-    constants.HF_HUB_OFFLINE = True
-    try:
-        yield
-    finally:
-        constants.HF_HUB_OFFLINE = old
+    with _settings_lock:
+        old = constants.HF_HUB_OFFLINE
+        constants.HF_HUB_OFFLINE = True
+        try:
+            yield
+        finally:
+            constants.HF_HUB_OFFLINE = old
 
 
 @contextlib.contextmanager
@@ -121,14 +128,15 @@ def quiet() -> Iterator[None]:
     """Silence transformers' logging and warnings during a dry build; problems come back as values."""
     from transformers.utils import logging as hf_logging
 
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        hf_logging.set_verbosity(level)
+    with _settings_lock:
+        level = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                yield
+        finally:
+            hf_logging.set_verbosity(level)
 
 
 @dataclass

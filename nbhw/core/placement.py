@@ -132,14 +132,14 @@ def quiet() -> Iterator[None]:
     """transformers' and accelerate's logs off: a hypothetical GPU is not a warning worth printing while planning."""
     from nbhw.core import metabuild
 
-    acc = logging.getLogger("accelerate")
-    level = acc.level
-    acc.setLevel(logging.ERROR)
-    try:
-        with metabuild.quiet():
+    with metabuild.quiet():  # first: it serialises the save and restore below across threads
+        acc = logging.getLogger("accelerate")
+        level = acc.level
+        acc.setLevel(logging.ERROR)
+        try:
             yield
-    finally:
-        acc.setLevel(level)
+        finally:
+            acc.setLevel(level)
 
 
 def computed_map(

@@ -197,7 +197,9 @@ class LoadView:
         self.use_kernels = w.Checkbox(value=form.use_kernels, description="use_kernels", style=label)
         quant = DEFAULT if form.quantization is None else form.quantization
         self.quantization = self._dropdown("quantization", [(quant or "none", quant)], quant)
-        self.device_note, self.dtype_note, self.attn_note, self.quant_note = (w.HTML() for _ in range(4))
+        self.device_note, self.dtype_note, self.attn_note, self.quant_note = (
+            w.HTML(layout=w.Layout(margin="0 0 0 10px", max_width="520px")) for _ in range(4)
+        )
         self.memory_fields: dict[str, Any] = {}
         self.memory = w.HBox(layout=w.Layout(flex_flow="row wrap"))
         self.memory_label = w.HTML(
@@ -207,7 +209,7 @@ class LoadView:
         self.code = codebox()
         self.picture = w.HTML()
         self.report = w.HTML()
-        row = functools.partial(w.HBox, layout=w.Layout(align_items="center", gap="8px"))
+        row = functools.partial(w.HBox, layout=w.Layout(align_items="center"))
         self.box = w.VBox(
             [
                 w.HTML(STYLE),

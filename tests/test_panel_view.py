@@ -1,0 +1,361 @@
+"""The panel's widgets without a browser: the worker's ordering and debouncing, the Load tab following its controls,
+messages for mistakes, the tabs, %hw and %hw load, and nothing left running afterwards."""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import logging
+import re
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from IPython.core.error import UsageError
+
+import nbhw
+from nbhw.core import codegen, loadform, metabuild
+from nbhw.core.loadform import Form
+from nbhw.core.tinymodel import tiny_model_path
+from nbhw.ui import panel as panels
+from nbhw.ui.codebox import highlight
+from nbhw.ui.load import LoadView
+from nbhw.ui.worker import LOCK, THREAD_NAME, Worker
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny() -> str:
+    return str(tiny_model_path())
+
+
+@pytest.fixture
+def worker() -> Iterator[Worker]:
+    w = Worker(debounce=0.05)
+    yield w
+    w.stop()
+
+
+@pytest.fixture
+def view(tiny: str, worker: Worker) -> Iterator[LoadView]:
+    v = LoadView(Form(tiny), worker, models=[tiny])
+    assert worker.wait(120), "the first plan did not finish"
+    yield v
+    v.close()
+
+
+def settle(worker: Worker) -> None:
+    assert worker.wait(60)
+    assert worker.errors == []
+
+
+def text_of(fragment: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", fragment))
+
+
+# ---------------------------------------------------------------- the worker
+
+
+def test_a_stale_result_never_overwrites_a_newer_one(worker: Worker) -> None:
+    applied: list[str] = []
+    started = threading.Event()
+
+    def slow() -> str:
+        started.set()
+        time.sleep(0.3)
+        return "old"
+
+    worker.submit("k", slow, applied.append, delay=0)
+    assert started.wait(5)
+    worker.submit("k", lambda: "new", applied.append)  # while the old one computes
+    settle(worker)
+    assert applied == ["new"]
+    assert worker.dropped == 1
+
+
+def test_a_burst_of_changes_is_computed_once(worker: Worker) -> None:
+    computed: list[int] = []
+    applied: list[int] = []
+    for i in range(20):
+        worker.submit("k", lambda i=i: computed.append(i) or i, applied.append)
+    settle(worker)
+    assert computed == [19] and applied == [19]
+
+
+def test_jobs_of_different_kinds_all_run_and_apply_under_the_widget_lock(worker: Worker) -> None:
+    held: list[bool] = []
+
+    def apply(_: Any) -> None:
+        # The lock is held by this (the worker's) thread: another thread can't take it now.
+        took = threading.Thread(target=lambda: held.append(LOCK.acquire(timeout=0.05)))
+        took.start()
+        took.join()
+
+    for key in ("a", "b", "c"):
+        worker.submit(key, lambda: None, apply)
+    settle(worker)
+    assert held == [False, False, False]
+
+
+def test_the_thread_is_named_never_prints_and_stops(worker: Worker, capsys: pytest.CaptureFixture[str]) -> None:
+    def broken() -> None:
+        raise RuntimeError("a bug in a view")
+
+    worker.submit("k", broken, lambda _: None, delay=0)
+    assert worker.wait(10)
+    assert [t.name for t in threading.enumerate() if t.name == THREAD_NAME] == [THREAD_NAME]
+    assert [str(e) for e in worker.errors] == ["a bug in a view"]
+    assert capsys.readouterr() == ("", "")
+    worker.submit("k", lambda: 1, lambda _: None)  # the thread survived the bug
+    settle_ok = worker.wait(10)
+    worker.stop()
+    worker.stop()  # idempotent
+    assert settle_ok and not worker.running
+    assert worker.submit("k", lambda: 1, lambda _: None) == 0
+
+
+# ---------------------------------------------------------------- the Load tab
+
+
+def test_the_load_tab_starts_on_the_advised_dtype_with_the_machines_choices(view: LoadView, tiny: str) -> None:
+    advice = nbhw.attention(tiny)
+    assert view.dtype.value == advice.precision.dtype == view.form.dtype
+    assert (f"{advice.precision.dtype} (advised)", advice.precision.dtype) in view.dtype.options
+    assert [v for _, v in view.device_map.options][:4] == ["auto", "balanced", "balanced_low_0", "sequential"]
+    labels = {v: label for label, v in view.attn.options}
+    assert labels["sdpa"].startswith("✓") and labels["flash_attention_2"].startswith("✗")
+    assert view.code.code == nbhw.plan(tiny, dtype=advice.precision.dtype).code.rstrip("\n")
+    assert "✓ Dry run" in view.message.value
+    assert "Placement: fits on one device (cpu)" in text_of(view.picture.value)
+    assert "Estimate" in view.report.value and "parameters" in view.report.value
+
+
+@pytest.mark.parametrize(
+    ("control", "value", "expected"),
+    [
+        ("dtype", "float16", "dtype=torch.float16"),
+        ("attn", "eager", 'attn_implementation="eager"'),
+        ("device_map", "sequential", 'device_map="sequential"'),
+        ("use_kernels", True, "use_kernels=True"),
+    ],
+)
+def test_changing_a_control_replans_in_the_background(
+    view: LoadView, worker: Worker, control: str, value: Any, expected: str
+) -> None:
+    before = view.code.code
+    getattr(view, control).value = value  # as the browser's message sets it
+    settle(worker)
+    assert expected in view.code.code and expected not in before
+    assert view.code.code == loadform.make_plan(view.form).code.rstrip("\n")
+    assert view.code.html and text_of(view.code.html) == view.code.code
+
+
+def test_a_flash_attention_that_wont_work_is_marked_with_its_reason(view: LoadView, worker: Worker) -> None:
+    view.attn.value = "flash_attention_2"
+    settle(worker)
+    assert "nbhw-bad" in view.attn_note.value
+    assert "flash-attn" in text_of(view.attn_note.value)  # the package to install
+
+
+def test_a_bad_entry_shows_a_message_and_no_code(view: LoadView, worker: Worker) -> None:
+    field = view.memory_fields["cpu"]
+    field.value = "lots"
+    settle(worker)
+    assert "✗ max_memory size 'lots' is not valid" in text_of(view.message.value)
+    assert view.code.code == "" and view.code.html == ""
+    field.value = "2GiB"
+    settle(worker)
+    assert 'max_memory={"cpu": "2GiB"}' in view.code.code
+    view.model.value = "/no/such/folder"
+    settle(worker)
+    assert "no such folder" in text_of(view.message.value)
+
+
+def test_values_from_words_that_no_option_holds_are_kept(tiny: str, worker: Worker) -> None:
+    v = LoadView(Form(tiny, device_map="cuda:3", dtype="float64", attn_implementation="org/my-kernel"), worker)
+    try:
+        settle(worker)
+        assert v.device_map.value == "cuda:3" and ("cuda:3 (given)", "cuda:3") in v.device_map.options
+        assert v.dtype.value == "float64" and v.attn.value == "org/my-kernel"
+        assert 'device_map="cuda:3"' in v.code.code and "dtype=torch.float64" in v.code.code
+        assert "cuda:3, which is not here" in v.report.value  # the dry run says so
+    finally:
+        v.close()
+
+
+def test_many_quick_changes_end_on_the_last_one(view: LoadView, worker: Worker) -> None:
+    for dtype in ["float16", "bfloat16", "float32", "float16", "auto", "bfloat16"] * 3 + ["float16"]:
+        view.dtype.value = dtype
+    settle(worker)
+    assert view.form.dtype == "float16" and "dtype=torch.float16" in view.code.code
+    assert worker.applied <= 3  # the first plan, maybe one mid-burst, the last: not one per change
+
+
+# ---------------------------------------------------------------- the code box
+
+
+@settings(max_examples=150, deadline=None)
+@given(model=st.text(st.characters(exclude_categories=("Cs",)), max_size=40))
+def test_the_highlighted_code_reads_exactly_as_the_code(model: str) -> None:
+    kwargs = [("dtype", "torch.float16"), ("device_map", codegen.py_literal({model: "cpu"}))]
+    code = codegen.cell(model, "AutoModelForCausalLM", codegen.Arguments(kwargs, needs_torch=True)).rstrip("\n")
+    assert text_of(highlight(code)) == code
+
+
+# ---------------------------------------------------------------- the panel
+
+
+def test_the_panel_is_text_outside_jupyter_and_starts_nothing(tiny: str) -> None:
+    p = nbhw.panel(tiny, dtype="float16")
+    bundle = p._repr_mimebundle_()
+    assert list(bundle) == ["text/plain"]
+    text = bundle["text/plain"]
+    assert "Accelerators here" in text or "accelerators here" in text
+    assert "dtype=torch.float16" in text and "Dry run" in text
+    assert not [t for t in threading.enumerate() if t.name.startswith("nbhw")]
+    assert panels.open_panels() == []
+
+
+def test_the_panel_has_four_tabs_and_closing_it_stops_everything(tiny: str) -> None:
+    p = nbhw.panel(tiny, tab="Load")
+    tabs = p.widget
+    try:
+        assert tabs.titles == ("Devices", "Memory", "Attention", "Load") and tabs.selected_index == 3
+        worker = panels.shared_worker()
+        settle(worker)
+        assert "nbhw-backends" in p.devices.html.value
+        assert "sdpa" in p.attention.html.value
+        assert "from_pretrained" in p.load.code.code
+        assert p.memory is None  # the graph starts when its tab opens
+        tabs.selected_index = 1
+        assert p.memory is not None and p.memory.sampler.running
+        p.attention.device.value = "cuda"  # a device that is not here: the advisor's rules still answer
+        settle(worker)
+        assert "cuda" in text_of(p.attention.html.value)
+    finally:
+        p.close()
+    assert p.memory.closed and not p.memory.sampler.running
+    assert not worker.running and panels.open_panels() == []
+    p.close()  # idempotent
+
+
+def test_a_bad_tab_is_a_user_error_naming_the_tabs() -> None:
+    with pytest.raises(nbhw.UserError, match="valid: Devices, Memory, Attention, Load"):
+        nbhw.panel("org/model", tab="Plots")
+
+
+# ---------------------------------------------------------------- %hw and %hw load
+
+
+@pytest.fixture
+def kernel_ip(ip: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The IPython shell as if a Jupyter front end were attached (widgets render)."""
+    monkeypatch.setattr(ip, "kernel", object(), raising=False)
+    return ip
+
+
+def test_hw_in_a_terminal_prints_the_devices_and_the_plan(ip: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    ip.run_line_magic("load_ext", "nbhw")
+    ip.run_line_magic("hw", "")
+    out = capsys.readouterr().out
+    assert "Who picks what here" in out and "from_pretrained" in out and "Dry run" in out
+    assert panels.open_panels() == []
+
+
+def test_hw_in_jupyter_shows_the_panel_and_unload_closes_it(kernel_ip: Any) -> None:
+    kernel_ip.run_line_magic("load_ext", "nbhw")
+    kernel_ip.run_line_magic("hw", "")
+    [p] = panels.open_panels()
+    assert p.tab == "Devices" and p.widget.selected_index == 0
+    settle(panels.shared_worker())
+    kernel_ip.run_line_magic("unload_ext", "nbhw")
+    assert p.closed and panels.open_panels() == []
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("nbhw")]
+
+
+def test_hw_load_opens_the_panel_prefilled_on_the_load_tab(kernel_ip: Any, tiny: str) -> None:
+    kernel_ip.run_line_magic("load_ext", "nbhw")
+    kernel_ip.run_line_magic(
+        "hw", f"load {tiny} --dtype half --attn eager --device-map sequential --max-memory cpu=3GiB"
+    )
+    [p] = panels.open_panels()
+    settle(panels.shared_worker())
+    assert p.tab == "Load" and p.widget.selected_index == 3
+    form = p.load.form
+    assert (form.dtype, form.attn_implementation, form.device_map) == ("float16", "eager", "sequential")
+    assert p.load.memory_fields["cpu"].value == "3GiB"
+    plan = nbhw.plan(tiny, dtype="float16", attn_implementation="eager", device_map="sequential",
+                     max_memory={"cpu": "3GiB"})  # fmt: skip
+    assert p.load.code.code == plan.code.rstrip("\n")
+
+
+def test_hw_load_mistakes_stay_usage_errors_and_emit_still_sets_the_next_input(
+    kernel_ip: Any, tiny: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kernel_ip.run_line_magic("load_ext", "nbhw")
+    with pytest.raises(UsageError, match="max_memory size 'lots' is not valid"):
+        kernel_ip.run_line_magic("hw", f"load {tiny} --max-memory cpu=lots")
+    assert panels.open_panels() == []
+    seen: list[str] = []
+    monkeypatch.setattr(kernel_ip, "set_next_input", lambda text, replace=False: seen.append(text))
+    kernel_ip.run_line_magic("hw", f"load {tiny} --emit")
+    assert seen == [nbhw.plan(tiny).code] and panels.open_panels() == []
+
+
+# ---------------------------------------------------------------- shared settings across threads
+
+
+def test_quiet_sections_in_two_threads_leave_every_setting_as_it_was() -> None:
+    from huggingface_hub import constants
+    from transformers.utils import logging as hf_logging
+
+    before = (list(warnings.filters), hf_logging.get_verbosity(), constants.HF_HUB_OFFLINE,
+              logging.getLogger("accelerate").level)  # fmt: skip
+    from nbhw.core.placement import quiet as placement_quiet
+
+    def churn() -> None:
+        for _ in range(200):
+            with placement_quiet(), metabuild.hub_offline():
+                time.sleep(0)
+
+    threads = [threading.Thread(target=churn) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    after = (list(warnings.filters), hf_logging.get_verbosity(), constants.HF_HUB_OFFLINE,
+             logging.getLogger("accelerate").level)  # fmt: skip
+    assert after == before
+
+
+# ---------------------------------------------------------------- the front-end extension
+
+
+def test_the_committed_labextension_is_built_from_the_committed_sources() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_labextension", ROOT / "scripts" / "build_labextension.py")
+    assert spec is not None and spec.loader is not None
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    recorded = (ROOT / "js" / "build.sha256").read_text().strip()
+    assert build.source_hash() == recorded, "js/ changed since the last build: run scripts/build_labextension.py"
+    out = ROOT / "nbhw" / "labextension"
+    meta = json.loads((out / "package.json").read_text())
+    entry = out / meta["jupyterlab"]["_build"]["load"]
+    assert entry.is_file()
+    assert json.loads((out / "install.json").read_text())["packageName"] == "nbhw"
+    built = "".join(p.read_text() for p in (out / "static").glob("*.js"))
+    event = re.search(r"const INSERT_EVENT = '([^']+)'", (ROOT / "js" / "src" / "index.js").read_text())
+    widget = re.search(r"const INSERT_EVENT = '([^']+)'", (ROOT / "nbhw" / "ui" / "static" / "codebox.js").read_text())
+    assert event and widget and event.group(1) == widget.group(1)  # the widget and the extension agree
+    assert event.group(1) in built
+    assert hashlib.sha256(entry.read_bytes()).hexdigest()  # readable, not an LFS pointer
