@@ -102,7 +102,9 @@ def _load(p: argparse.ArgumentParser, *, emit: bool) -> None:
     )
     _model_options(p)
     if emit:
-        p.add_argument("--emit", action="store_true", help="write the code into a new cell below")
+        p.add_argument(
+            "--emit", action="store_true", help="write the code into a new cell below instead of opening the panel"
+        )
     else:
         _json(p)
 
@@ -113,7 +115,7 @@ def _add_commands(parser: argparse.ArgumentParser, commands: Sequence[str]) -> N
         "devices": "the backends, devices and who picks what here",
         "memory": "live memory graph with per-cell attribution",
         "attention": "attention, kernel and dtype options that will really work",
-        "load": "the from_pretrained cell for this hardware",
+        "load": "the from_pretrained cell for this hardware: the panel's Load tab, pre-filled (--emit: a cell below)",
         "plan": "the from_pretrained cell, its estimate, placement and dry-run problems",
         "report": "environment report for bug reports",
     }

@@ -24,7 +24,9 @@ COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e3
 HOST_COLORS = {"cpu": "#9e9e9e", "disk": "#616161"}
 CHOICES_CACHE = 16
 STYLE = """<style>
-.nbhw-load .nbhw-note { color: var(--jp-ui-font-color2, #555); font-size: 12px; line-height: 1.3; }
+.nbhw-load .widget-html-content { line-height: 1.35; }
+.nbhw-load .nbhw-plan p { margin: 6px 0 2px 0; }
+.nbhw-load .nbhw-note { color: var(--jp-ui-font-color2, #555); font-size: 12px; }
 .nbhw-load .nbhw-bad { color: var(--jp-error-color1, #b42318); }
 .nbhw-load .nbhw-message { font-weight: 600; }
 .nbhw-placement-blocks { display: flex; flex-wrap: wrap; gap: 2px; max-width: 860px; align-items: flex-end; }
@@ -370,8 +372,8 @@ class LoadView:
             self.attn_note.value = note_html("not one of the advisor's rows: checked by the dry run only")
         else:
             self.attn_note.value = note_html(option.reason, bad=not option.ok)
-        self.quant_note.value = note_html(choices.quantization_note, bad=len(choices.quantizations) == 1)
-        self.device_note.value = note_html(f"the advice on this tab is for {choices.target}")
+        self.quant_note.value = note_html(choices.quantization_note)
+        self.device_note.value = note_html(f"the dtype and attention advice below are for {choices.target}")
 
     # -- lifecycle
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from nbhw.ui.worker import Worker
 
 TABS = ("Devices", "Memory", "Attention", "Load")
+MEMORY_WIDTH = 780
 MEMORY_WAITING = "<span class='nbhw-note'>The memory graph starts when this tab is opened.</span>"
 
 _lock = threading.Lock()
@@ -112,6 +113,7 @@ class Panel:
         tabs = w.Tab(children=[self.devices.box, self._memory_box, self.attention.box, self.load.box])
         tabs.titles = TABS
         tabs.selected_index = TABS.index(self.tab)
+        tabs.layout.overflow = "auto"  # a wide table or graph scrolls inside the tab rather than being cut
         tabs.add_class("nbhw-panel")
         tabs.add_class("nbhw")
         tabs.observe(self._tab_selected, names="selected_index")
@@ -126,13 +128,15 @@ class Panel:
             self._start_memory()
 
     def _start_memory(self) -> None:
-        from nbhw.ui.memory import LOCK, monitor
+        from nbhw.ui.memory import LOCK, MemoryView, monitor
 
         with LOCK:
             if self.memory is not None or self.closed:
                 return
             try:
-                self.memory = monitor(interval=self.interval, window=self.window).view()
+                mon = monitor(interval=self.interval, window=self.window)
+                # Narrower than %hw memory's graph: it sits inside the tab's padding.
+                self.memory = MemoryView(mon.sampler, mon.log, width=MEMORY_WIDTH)
             except UserError as exc:
                 import ipywidgets as w
 
@@ -166,7 +170,11 @@ class Panel:
         from nbhw.core.detect import detect
 
         parts = [detect().text().rstrip(), ""]
-        preview = loadform.preview(self.form)
+        form = self.form
+        if form.dtype is None:  # as in Jupyter: the advised dtype
+            advised = loadform.choices(form.model, device_map=form.device_map, offline=form.offline).advised_dtype
+            form = form.with_dtype(advised)
+        preview = loadform.preview(form)
         if preview.plan is not None:
             parts.append(preview.plan.text().rstrip())
         else:

@@ -8,6 +8,7 @@ import time
 
 import pytest
 from playwright.sync_api import Locator
+from transformers import LlamaConfig
 
 from nbhw.core.tinymodel import tiny_model_path
 from tests.browser.harness import NotebookPage, poll
@@ -45,13 +46,22 @@ def changed_preview(nb: NotebookPage, cell: int, before: str, must_contain: str)
 
 
 def control(nb: NotebookPage, cell: int, kind: str, label: str) -> Locator:
-    """An ipywidgets control of the panel in `cell`, found by its description."""
+    """An ipywidgets control of the Load tab of the panel in `cell`, found by its description."""
     widget = (
         nb.cell(cell)
-        .locator(f".widget-{kind}")
+        .locator(f".nbhw-load .widget-{kind}")
         .filter(has=nb.page.locator("label", has_text=re.compile(f"^{re.escape(label)}$")))
     )
     return widget.locator("select" if kind == "dropdown" else "input")
+
+
+def labels(select: Locator) -> list[str]:
+    """The options of a dropdown as a person reads them (ipywidgets writes spaces as no-break spaces)."""
+    return [t.replace("\xa0", " ") for t in select.locator("option").all_inner_texts()]
+
+
+def choose(select: Locator, label: str) -> None:
+    select.select_option(index=labels(select).index(label))
 
 
 def open_tab(nb: NotebookPage, cell: int, title: str) -> None:
@@ -92,28 +102,35 @@ def test_hw_shows_one_panel_with_all_four_tabs(notebook: NotebookPage, tiny: str
 
 
 def test_load_tab_controls_change_the_preview(notebook: NotebookPage, tiny: str) -> None:
-    nb = notebook.open("load.ipynb", ["%load_ext nbhw", f"%hw load {tiny}"])
+    # A Llama-3.2-1B-sized model (its config.json only) planned for two 1 GiB GPUs this machine lacks.
+    llama = notebook.server.root / "llama-1b"
+    LlamaConfig(
+        hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+        num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True, dtype="bfloat16",
+    ).save_pretrained(llama)  # fmt: skip
+    split = f"%hw load {llama} --max-memory 0=1GiB 1=1GiB cpu=8GiB"
+    nb = notebook.open("load.ipynb", ["%load_ext nbhw", f"%hw load {tiny}", split])
     nb.run_all()
     nb.check_widgets(1)
     code = previewed(nb, 1)
     assert nb.cell(1).locator(".lm-TabBar-tab.lm-mod-current").inner_text() == "Load"
 
     dtype = control(nb, 1, "dropdown", "dtype")
-    assert "(advised)" in dtype.locator("option:checked").inner_text()
-    dtype.select_option(label="float16")
+    assert "(advised)" in dtype.locator("option:checked").inner_text().replace("\xa0", " ")
+    choose(dtype, "float16")
     code = changed_preview(nb, 1, code, "dtype=torch.float16")
 
     attn = control(nb, 1, "dropdown", "attn_implementation")
-    options = attn.locator("option").all_inner_texts()
+    options = labels(attn)
     assert "✓ sdpa" in options and "✗ flash_attention_2" in options
-    attn.select_option(label="✗ flash_attention_2")
+    choose(attn, "✗ flash_attention_2")
     note = nb.cell(1).locator(".nbhw-bad", has_text="flash-attn")
     note.first.wait_for(timeout=30_000)  # the reason it won't work, beside the control
     code = changed_preview(nb, 1, code, 'attn_implementation="flash_attention_2"')
-    attn.select_option(label="✓ eager")
+    choose(attn, "✓ eager")
     code = changed_preview(nb, 1, code, 'attn_implementation="eager"')
 
-    control(nb, 1, "dropdown", "device_map").select_option(label="sequential")
+    choose(control(nb, 1, "dropdown", "device_map"), "sequential")
     code = changed_preview(nb, 1, code, 'device_map="sequential"')
 
     memory = control(nb, 1, "text", "cpu")
@@ -134,6 +151,18 @@ def test_load_tab_controls_change_the_preview(notebook: NotebookPage, tiny: str)
     poll("the copy to finish", lambda: "Copied" in status.inner_text() or None, 10)
     assert nb.page.evaluate("navigator.clipboard.readText()") == code
     nb.screenshot(f"{nb.name}-output", cell=1)
+
+    # The picture colours each block by the device it goes to, decoder layers in model order.
+    previewed(nb, 2)
+    blocks = nb.cell(2).locator(".nbhw-placement-blocks span")
+    devices = blocks.evaluate_all("(bs) => bs.map(b => b.dataset.device)")
+    assert set(devices) == {"accelerator 0", "accelerator 1", "cpu"}
+    colours = blocks.evaluate_all("(bs) => bs.map(b => getComputedStyle(b).backgroundColor)")
+    assert len({(d, c) for d, c in zip(devices, colours, strict=True)}) == 3  # one colour per device
+    layers = blocks.evaluate_all("(bs) => bs.filter(b => b.title.includes('model.layers.')).length")
+    assert layers == 16
+    assert "Dry run: " in nb.cell(2).locator(".nbhw-message").inner_text()  # GPUs that are not here: problems
+    nb.screenshot(f"{nb.name}-split", cell=2)
 
 
 def test_insert_cell_below_puts_the_previewed_code_below_its_panel_20_of_20_and_while_a_cell_runs(
@@ -165,7 +194,7 @@ def test_insert_cell_below_puts_the_previewed_code_below_its_panel_20_of_20_and_
     for k in range(20):
         if k == 10:  # a different preview from then on: the code inserted is the code shown now
             before = previewed(nb, index(panel_a))
-            control(nb, index(panel_a), "dropdown", "dtype").select_option(label="float16")
+            choose(control(nb, index(panel_a), "dropdown", "dtype"), "float16")
             changed_preview(nb, index(panel_a), before, "dtype=torch.float16")
         placed.append(insert(panel_a if k % 2 == 0 else panel_b))
     assert len(placed) == 20 and nb.cell_count() == 25
@@ -186,4 +215,7 @@ def test_insert_cell_below_puts_the_previewed_code_below_its_panel_20_of_20_and_
     nb.run_cell(inserted, timeout=180)
     assert nb.errors(inserted) == []
     assert "Hello, my name is" in nb.output_text(inserted)
-    nb.screenshot(f"{nb.name}-inserted", cell=inserted - 1)
+    # The page as a user sees it: the panel's code box, its buttons, and the inserted cell with its output below.
+    nb.cell(inserted).scroll_into_view_if_needed()
+    nb.page.mouse.wheel(0, 250)
+    nb.screenshot(f"{nb.name}-inserted")
