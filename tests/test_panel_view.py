@@ -179,6 +179,19 @@ def test_a_bad_entry_shows_a_message_and_no_code(view: LoadView, worker: Worker)
     assert "no such folder" in text_of(view.message.value)
 
 
+def test_a_bug_while_planning_is_a_message_in_the_tab_not_a_stuck_one(
+    view: LoadView, worker: Worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(form: Form) -> Any:
+        raise RuntimeError("planner bug")
+
+    monkeypatch.setattr(loadform, "preview", broken)
+    view.dtype.value = "float16"
+    settle(worker)
+    assert "nbhw failed here (RuntimeError: planner bug)" in text_of(view.message.value)
+    assert view.code.code == ""
+
+
 def test_values_from_words_that_no_option_holds_are_kept(tiny: str, worker: Worker) -> None:
     v = LoadView(Form(tiny, device_map="cuda:3", dtype="float64", attn_implementation="org/my-kernel"), worker)
     try:

@@ -37,12 +37,15 @@ def advice_html(model: str, device: str, dtype: str, offline: bool) -> AdviceRes
     """The advice for the controls' values, computed off the kernel's thread."""
     from nbhw.core.attention import advise
     from nbhw.core.errors import UserError
+    from nbhw.ui.load import unexpected
 
-    devices = device_options()
     try:
+        devices = device_options()
         advice = advise(model.strip() or None, device=device or None, dtype=dtype or None, offline=offline)
     except UserError as exc:
-        return AdviceResult(devices, f'<span class="nbhw-bad">✗ {fmt.esc(str(exc))}</span>')
+        return AdviceResult(device_options(), f'<span class="nbhw-bad">✗ {fmt.esc(str(exc))}</span>')
+    except Exception as exc:
+        return AdviceResult([("best here", BEST)], f'<span class="nbhw-bad">✗ {fmt.esc(unexpected(exc))}</span>')
     return AdviceResult(devices, advice.html())
 
 

@@ -7,7 +7,6 @@ unless a newer change came in. The code box's "Insert cell below" and "Copy" run
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
@@ -127,8 +126,20 @@ class Result:
     report: str
 
 
+def unexpected(exc: Exception) -> str:
+    """The message for a bug: shown in the tab rather than leaving it waiting."""
+    return f"nbhw failed here ({type(exc).__name__}: {exc}); please report it with %hw report"
+
+
 def compute(form: Form) -> Result:
     """Choices, preview and HTML for a form (the worker runs this off the kernel's thread)."""
+    try:
+        return _compute(form)
+    except Exception as exc:
+        return Result(form, None, Preview(form, error=unexpected(exc)), "", "")
+
+
+def _compute(form: Form) -> Result:
     from nbhw.core.errors import UserError
 
     choices: Choices | None = None
@@ -155,28 +166,21 @@ def _pairs(options: list[Option], current: str | None) -> list[tuple[str, str]]:
     return pairs
 
 
-class _Controls:
-    """ipywidgets' controls, each handling the browser's messages under the widgets' lock."""
+def _ipywidgets() -> Any:
+    import ipywidgets
 
-    def __getattr__(self, name: str) -> Any:
-        import ipywidgets
-
-        found = getattr(ipywidgets, name)
-        return locked(found) if name in {"Combobox", "Checkbox", "Dropdown", "Text"} else found
+    return ipywidgets
 
 
-_controls = _Controls()
-
-
-def _widgets() -> Any:
-    return _controls
+def _control(name: str) -> Any:
+    """An ipywidgets control class (Dropdown, Text, ...) whose messages from the browser are handled under the lock."""
+    return locked(getattr(_ipywidgets(), name))
 
 
 class LoadView:
     """The Load tab's widgets over a :class:`Form`; every change re-plans in the background."""
 
     def __init__(self, form: Form, worker: Worker, models: list[str] | None = None) -> None:
-        w = _widgets()
         self.form = form
         self.worker = worker
         self.choices: Choices | None = None
@@ -184,63 +188,70 @@ class LoadView:
         self.closed = False
         self._syncing = False
         self._key = ("load", id(self))
+        self.memory_fields: dict[str, Any] = {}
+        self._make_controls(form, models or [])
+        self.box = self._layout()
+        for control in self.controls():
+            control.observe(self._changed, names="value")
+        self._set_memory_fields([loadform.MemoryField(k, k, None) for k, _ in form.max_memory])
+        self.refresh()
+
+    def _make_controls(self, form: Form, models: list[str]) -> None:
+        w = _ipywidgets()
         label = {"description_width": LABEL_WIDTH}
-        wide = w.Layout(width="640px")
-        self.model = w.Combobox(
-            value=form.model, options=list(models or []), description="model", ensure_option=False,
-            continuous_update=False, placeholder="Hub id (org/name) or local folder", style=label, layout=wide,
+        self.model = _control("Combobox")(
+            value=form.model, options=list(models), description="model", ensure_option=False,
+            continuous_update=False, placeholder="Hub id (org/name) or local folder", style=label,
+            layout=w.Layout(width="640px"),
         )  # fmt: skip
-        self.offline = w.Checkbox(value=form.offline, description="offline (never contact the Hub)", indent=False)
-        self.device_map = self._dropdown("device_map", [(form.device_map, form.device_map)], form.device_map)
-        dtype = form.dtype or "auto"
-        self.dtype = self._dropdown("dtype", [(dtype, dtype)], dtype)
-        attn = DEFAULT if form.attn_implementation is None else form.attn_implementation
-        self.attn = self._dropdown("attn_implementation", [(attn or "default", attn)], attn)
-        self.use_kernels = w.Checkbox(value=form.use_kernels, description="use_kernels", style=label)
-        quant = DEFAULT if form.quantization is None else form.quantization
-        self.quantization = self._dropdown("quantization", [(quant or "none", quant)], quant)
+        self.offline = _control("Checkbox")(
+            value=form.offline, description="offline (never contact the Hub)", indent=False
+        )
+        self.device_map = self._dropdown("device_map", form.device_map, form.device_map)
+        self.dtype = self._dropdown("dtype", form.dtype or "auto", form.dtype or "auto")
+        self.attn = self._dropdown("attn_implementation", form.attn_implementation or "default",
+                                   form.attn_implementation or DEFAULT)  # fmt: skip
+        self.use_kernels = _control("Checkbox")(value=form.use_kernels, description="use_kernels", style=label)
+        self.quantization = self._dropdown("quantization", form.quantization or "none", form.quantization or DEFAULT)
         self.device_note, self.dtype_note, self.attn_note, self.quant_note = (
             w.HTML(layout=w.Layout(margin="0 0 0 10px", max_width="520px")) for _ in range(4)
         )
-        self.memory_fields: dict[str, Any] = {}
         self.memory = w.HBox(layout=w.Layout(flex_flow="row wrap"))
-        self.memory_label = w.HTML(
-            f'<div style="width:{LABEL_WIDTH};text-align:right;padding-right:8px">max_memory</div>'
-        )
         self.message = w.HTML("<span class='nbhw-note'>planning…</span>")
         self.code = codebox()
         self.picture = w.HTML()
         self.report = w.HTML()
-        row = functools.partial(w.HBox, layout=w.Layout(align_items="center"))
-        self.box = w.VBox(
-            [
-                w.HTML(STYLE),
-                row([self.model, self.offline]),
-                row([self.device_map, self.device_note]),
-                row([self.dtype, self.dtype_note]),
-                row([self.attn, self.attn_note]),
-                row([self.use_kernels, self.quantization, self.quant_note]),
-                row([self.memory_label, self.memory]),
-                self.message,
-                self.code,
-                self.picture,
-                self.report,
-            ]
-        )
-        self.box.add_class("nbhw-load")
-        self.box.add_class("nbhw")
-        for control in (self.model, self.offline, self.device_map, self.dtype, self.attn, self.use_kernels):
-            control.observe(self._changed, names="value")
-        self.quantization.observe(self._changed, names="value")
-        self._set_memory_fields([loadform.MemoryField(k, k, None) for k, _ in form.max_memory])
-        self.refresh()
 
-    def _dropdown(self, name: str, pairs: list[tuple[str, str]], value: str) -> Any:
-        w = _widgets()
-        return w.Dropdown(
-            options=pairs, value=value, description=name, style={"description_width": LABEL_WIDTH},
+    def _layout(self) -> Any:
+        w = _ipywidgets()
+        memory_label = w.HTML(f'<div style="width:{LABEL_WIDTH};text-align:right;padding-right:8px">max_memory</div>')
+        self._rows = [
+            w.HBox(children, layout=w.Layout(align_items="center"))
+            for children in (
+                [self.model, self.offline],
+                [self.device_map, self.device_note],
+                [self.dtype, self.dtype_note],
+                [self.attn, self.attn_note],
+                [self.use_kernels, self.quantization, self.quant_note],
+                [memory_label, self.memory],
+            )
+        ]
+        self._extras = [w.HTML(STYLE), memory_label]
+        box = w.VBox([self._extras[0], *self._rows, self.message, self.code, self.picture, self.report])
+        box.add_class("nbhw-load")
+        box.add_class("nbhw")
+        return box
+
+    def _dropdown(self, name: str, label: str, value: str) -> Any:
+        w = _ipywidgets()
+        return _control("Dropdown")(
+            options=[(label, value)], value=value, description=name, style={"description_width": LABEL_WIDTH},
             layout=w.Layout(width="460px"),
         )  # fmt: skip
+
+    def controls(self) -> list[Any]:
+        """The controls whose changes re-plan (the max_memory fields observe themselves)."""
+        return [self.model, self.offline, self.device_map, self.dtype, self.attn, self.use_kernels, self.quantization]
 
     # -- the form
 
@@ -321,16 +332,15 @@ class LoadView:
         self._set_memory_fields([*choices.memory, *extra])
 
     def _set_memory_fields(self, fields: list[loadform.MemoryField]) -> None:
-        w = _widgets()
         if [f.key for f in fields] == list(self.memory_fields):
             return
         sizes = dict(self.form.max_memory)
         old, self.memory_fields = self.memory_fields, {}
         for f in fields:
             free = f"free {fmt.size(f.free)}" if f.free is not None else "size, e.g. 70GiB"
-            text = w.Text(
+            text = _control("Text")(
                 value=old[f.key].value if f.key in old else sizes.get(f.key, ""), description=f.device,
-                placeholder=free, continuous_update=False, layout=w.Layout(width="220px"),
+                placeholder=free, continuous_update=False, layout=_ipywidgets().Layout(width="220px"),
                 style={"description_width": "60px"},
             )  # fmt: skip
             text.observe(self._changed, names="value")
@@ -379,12 +389,9 @@ class LoadView:
 
     def widgets(self) -> list[Any]:
         """Every widget this view owns (closed with it)."""
-        return [
-            *self.box.children,
-            *(c for row in self.box.children[1:7] for c in getattr(row, "children", ())),
-            *self.memory_fields.values(),
-            self.box,
-        ]
+        notes = [self.device_note, self.dtype_note, self.attn_note, self.quant_note]
+        shown = [self.memory, self.message, self.code, self.picture, self.report]
+        return [*self.controls(), *notes, *shown, *self.memory_fields.values(), *self._extras, *self._rows, self.box]
 
     def close(self) -> None:
         """Close the widgets; a job still running for this view is dropped."""
