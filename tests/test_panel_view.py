@@ -179,6 +179,30 @@ def test_a_bad_entry_shows_a_message_and_no_code(view: LoadView, worker: Worker)
     assert "no such folder" in text_of(view.message.value)
 
 
+def test_background_planning_writes_nothing_to_stdout_or_stderr(
+    tiny: str, worker: Worker, capfd: pytest.CaptureFixture[str], recwarn: pytest.WarningsRecorder
+) -> None:
+    # In a kernel, output from a thread lands in whichever cell runs: the worker must never write any.
+    capfd.readouterr()
+    v = LoadView(Form("nbhw-test/not-cached-anywhere", offline=True), worker)
+    try:
+        settle(worker)
+        for field, value in (
+            ("model", tiny),
+            ("attn", "flash_attention_2"),
+            ("dtype", "float16"),
+            ("device_map", "sequential"),
+        ):
+            getattr(v, field).value = value
+            settle(worker)
+        v.memory_fields["cpu"].value = "lots"
+        settle(worker)
+    finally:
+        v.close()
+    assert capfd.readouterr() == ("", "")
+    assert [str(w.message) for w in recwarn] == []  # outside pytest these would be printed to stderr
+
+
 def test_a_bug_while_planning_is_a_message_in_the_tab_not_a_stuck_one(
     view: LoadView, worker: Worker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
