@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from nbhw.core import fmt, loadform
@@ -281,17 +281,6 @@ class LoadView:
         """Plan the current form in the background; the job's generation."""
         form = self.form
         return self.worker.submit(self._key, lambda: compute(form), self._apply)
-
-    def set(self, **values: Any) -> None:
-        """Change form fields as a user would (tests, scripts): the controls follow, then a new plan."""
-        with LOCK:
-            self.form = replace(self.form, **values)
-            self._syncing = True
-            try:
-                self._show_form(self.form)
-            finally:
-                self._syncing = False
-            self.refresh()
 
     # -- applying a result (under the lock, on the worker's thread)
 
