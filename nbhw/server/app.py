@@ -191,9 +191,9 @@ class NbhwApp(ExtensionApp):
         if self._stopped:
             raise Stopped("the nbhw server extension has stopped (the server is shutting down)")
 
-    async def kernels(self) -> dict[int, KernelRef]:
-        """PID -> this server's kernel, with the notebook each kernel's session has open."""
-        if not self.per_process or self.serverapp is None:
+    async def kernels(self, sampler: memory.Sampler) -> dict[int, KernelRef]:
+        """PID -> this server's kernel, with the notebook each kernel's session has open (when there are GPUs)."""
+        if not self.per_process or self.serverapp is None or not nvml_gpus(sampler.sources()):
             return {}
         paths: dict[str, str] = {}
         try:
@@ -206,7 +206,7 @@ class NbhwApp(ExtensionApp):
     async def memory_body(self, since: float | None) -> dict[str, Any]:
         """The body of /nbhw/api/memory."""
         sampler = await self.started_sampler()
-        kernels = await self.kernels()
+        kernels = await self.kernels(sampler)
         return await asyncio.get_running_loop().run_in_executor(None, self._memory, sampler, since, kernels)
 
     def _memory(self, sampler: memory.Sampler, since: float | None, kernels: dict[int, KernelRef]) -> dict[str, Any]:
@@ -222,7 +222,7 @@ class NbhwApp(ExtensionApp):
     async def metrics_body(self) -> bytes:
         """The body of /nbhw/metrics."""
         sampler = await self.started_sampler()
-        kernels = await self.kernels()
+        kernels = await self.kernels(sampler)
         return await asyncio.get_running_loop().run_in_executor(None, self._metrics, sampler, kernels)
 
     def _metrics(self, sampler: memory.Sampler, kernels: dict[int, KernelRef]) -> bytes:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +16,8 @@ from traitlets import TraitError
 from traitlets.config import Config
 
 import nbhw
-from nbhw.server import NbhwApp
+from nbhw.server import NbhwApp, metrics
+from nbhw.server.handlers import routes
 
 Fetch = Callable[..., Awaitable[HTTPResponse]]
 ENV = ("NBHW_SERVER_INTERVAL", "NBHW_SERVER_WINDOW", "NBHW_SERVER_PER_PROCESS", "NBHW_SERVER_DEVICES_MAX_AGE")
@@ -98,3 +101,15 @@ def test_extension_point_names_the_app_without_making_import_nbhw_load_the_serve
     code = f"import json, sys, nbhw; print(json.dumps([m for m in {heavy!r} if m in sys.modules]))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []
+
+
+def test_readme_documents_every_setting_route_and_metric_the_code_has() -> None:
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Jupyter server extension")[1].split("\n## ")[0]
+    settings = set(re.findall(r"^c\.NbhwApp\.(\w+) = ", section, re.M))
+    assert settings == set(NbhwApp.class_own_traits(config=True))
+    assert set(re.findall(r"\$(NBHW_SERVER_\w+)", section)) == set(ENV)
+    assert {f"/{pattern.lstrip('/')}" for pattern, _ in routes()} <= set(re.findall(r"`GET (/nbhw/[\w/]+)", section))
+    documented = set(re.findall(r"^# TYPE (nbhw_\w+) gauge$", section, re.M))
+    names = {name for name, _ in [*metrics.HOST.values(), *metrics.GPU.values(), metrics.PROCESS, metrics.KERNEL]}
+    assert documented == names
