@@ -16,6 +16,7 @@ import platform
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -92,7 +93,8 @@ def header(facts: dict[str, Any]) -> str:
     """Two or three lines naming the machine."""
     p = facts["packages"]
     gpus = ", ".join(
-        f"{g['name']} ({g['memory_total'] / GIB:.0f} GiB, cc {g['compute_capability']})" for g in facts["gpus"]
+        f"{g['name']} ({g['memory_total'] / GIB:.0f} GiB, cc {'.'.join(map(str, g['compute_capability']))})"
+        for g in facts["gpus"]
     )
     lines = [
         f"nbhw GPU suite: Python {facts['python']}, torch {p['torch']}, transformers {p['transformers']}, "
@@ -152,16 +154,18 @@ def verdict(facts: dict[str, Any], code: int | None, cut: bool, found: list[resu
         return f"FAILED: pytest exit {code}; see pytest.log and results.json", 1
     if facts["no_gpu"]:
         return "no GPU: every GPU test skipped, nothing was checked", 0
+    if not tally["passed"]:
+        return "NOTHING CHECKED: a GPU is here but no GPU test passed (all skipped or deselected)", 1
     return f"PASSED on {facts['gpus'][0]['name']}: every GPU check held", 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.gpu.driver", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "gpu-results"))
+    parser.add_argument("--out", type=Path, help="where the results go (default: $OUT, else a new temporary folder)")
     parser.add_argument("--timeout", type=float, default=480.0, help="seconds before the pytest run is cut short")
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     args = parser.parse_args(argv)
-    out: Path = args.out.resolve()
+    out = Path(args.out or os.environ.get("OUT") or tempfile.mkdtemp(prefix="nbhw-gpu-")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     (out / "tests.jsonl").unlink(missing_ok=True)
     facts = machine()

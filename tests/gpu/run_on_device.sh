@@ -4,6 +4,8 @@
 # carrying ".whl" (made here, with network, by tests/gpu/fetch_wheels.sh). It installs the carried wheels into a
 # private folder, puts this working tree first on PYTHONPATH (nbhw travels as source), then runs tests/gpu/driver.py:
 # the gpu tests, $OUT/results.json + junit.xml + pytest.log, and a short table. Exit 0: passed (or no GPU, all skipped).
+# Through a device tool that copies the working tree: command "bash tests/gpu/run_on_device.sh", carry [".whl"],
+# a timeout of about 540 s (the driver stops pytest at 480 s).
 set -u
 cd "$(dirname "$0")/../.."
 python="${PYTHON:-python3}"

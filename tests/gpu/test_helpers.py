@@ -204,3 +204,31 @@ def test_driver_runs_to_no_gpu_and_leaves_its_results(tmp_path: Path) -> None:
     names = {t["nodeid"].split("::")[0] for t in tests}
     assert names == {f"tests/gpu/test_{m}.py" for m in ("attention", "detect", "memory", "plan", "visible")}
     assert (tmp_path / "out/junit.xml").read_text().count("<skipped") == len(tests)
+
+
+def test_driver_verdict_and_header_say_what_happened() -> None:
+    from tests.gpu import driver
+
+    gpu = {"name": "NVIDIA H200", "memory_total": 141 * GIB, "compute_capability": (9, 0)}
+    on_gpu = {"no_gpu": None, "gpus": [gpu]}
+    ok = [results.TestResult("tests/gpu/test_a.py::test_a", "passed", 1.0)]
+    skipped = [results.TestResult("tests/gpu/test_a.py::test_a", "skipped", 0.0, "needs two GPUs")]
+    failed = [*ok, results.TestResult("tests/gpu/test_b.py::test_b", "failed", 1.0, "boom")]
+    assert driver.verdict(on_gpu, 0, False, ok) == ("PASSED on NVIDIA H200: every GPU check held", 0)
+    assert driver.verdict(on_gpu, 1, False, failed)[1] == 1
+    assert driver.verdict(on_gpu, 0, False, skipped)[0].startswith("NOTHING CHECKED")
+    assert driver.verdict(on_gpu, None, True, ok)[0].startswith("CUT SHORT")
+    assert driver.verdict({"no_gpu": "no NVIDIA GPU", "gpus": []}, 0, False, skipped) == (
+        "no GPU: every GPU test skipped, nothing was checked",
+        0,
+    )
+    facts = {
+        "python": "3.12.3",
+        "packages": {"torch": "2.11.0", "transformers": "5.24.0", "accelerate": "1.15.0"},
+        "nbhw": "/repo/nbhw",
+        "gpus": [gpu],
+        "missing_modules": ["IPython"],
+    }
+    lines = driver.header(facts).splitlines()
+    assert lines[1] == "GPUs (NVML): NVIDIA H200 (141 GiB, cc 9.0)"
+    assert lines[2].startswith("MISSING modules: IPython")
