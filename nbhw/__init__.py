@@ -75,4 +75,7 @@ def unload_ipython_extension(ipython: Any) -> None:
 
 def _jupyter_server_extension_points() -> list[dict[str, Any]]:
     """The Jupyter server extension (routes under /nbhw), enabled by jupyter-config/."""
-    return [{"module": "nbhw.server"}]
+    # Imported here, not at the top: `import nbhw` stays free of jupyter_server and tornado.
+    from nbhw.server import NbhwApp
+
+    return [{"module": "nbhw.server", "app": NbhwApp}]

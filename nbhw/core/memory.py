@@ -242,6 +242,11 @@ def _nvml_sources() -> list[Source]:
     return [NvmlSource(g.index, f"gpu{g.index}") for g in view.gpus if g.error is None] if view.available else []
 
 
+def machine_sources() -> list[Source]:
+    """The host and every NVIDIA GPU by nvidia-smi index (NVML): what a process holding no device memory watches."""
+    return [HostSource(), *_nvml_sources()]
+
+
 def discover_sources() -> list[Source]:
     """The host, then every usable device; without torch imported, NVIDIA GPUs by nvidia-smi index (NVML only)."""
     sources: list[Source] = [HostSource()]

@@ -464,8 +464,13 @@ class NotebookPage:
         code = [i for i, c in enumerate(self.cells()) if c.type == "code"]
         self._run(code, "notebook:run-all-cells", 0, timeout, allow_errors)
 
-    def _run(self, cells: list[int], command: str, active: int, timeout: float, allow_errors: bool) -> None:
+    def start_cell(self, i: int) -> list[CellState]:
+        """Start running cell i and return at once (the cells' state before, for `wait_done`)."""
         before = self.cells()
+        self._execute("notebook:run-cell", i)
+        return before
+
+    def _execute(self, command: str, active: int) -> None:
         self._eval(
             "const app = window.jupyterapp; app.shell.activateById(panel.id);"
             "panel.content.activeCellIndex = arg[1]; panel.content.deselectAll();"
@@ -474,6 +479,10 @@ class NotebookPage:
             active,
             command,
         )
+
+    def _run(self, cells: list[int], command: str, active: int, timeout: float, allow_errors: bool) -> None:
+        before = self.cells()
+        self._execute(command, active)
         self.wait_done(cells, before, timeout)
         if not allow_errors:
             errors = [f"cell {i}: {e}" for i, c in enumerate(self.cells()) if i in cells for e in c.errors]

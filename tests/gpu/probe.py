@@ -1,0 +1,269 @@
+"""Checks that must run in a fresh Python: ``python -m tests.gpu.probe CHECK [ARG]`` prints one JSON line last.
+
+A fresh process is where "nbhw created no CUDA context" can be told honestly: torch's initialised flag and NVML's
+list of processes holding GPU memory start clean, and nothing the test process did counts. Each check reports facts
+only; the tests in this folder judge them.
+
+  context WHAT [MODEL]   run nbhw's detect / report / attention / plan, then say whether a CUDA context exists;
+                         then create one on purpose (the control: shows NVML can see this process at all)
+  detect                 nbhw's devices, then (after) torch's device properties and bf16/tf32 answers
+  visible                nbhw's cuda:N mapping before CUDA starts, torch's after, and nbhw's again after
+  load MODEL             plan MODEL, check no context, run the emitted cell, measure torch's allocation
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+
+def nvml_processes() -> dict[str, Any]:
+    """PIDs holding memory on any GPU, and used bytes per GPU, from pynvml directly (no CUDA context)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as exc:
+        return {"nvml_error": f"{type(exc).__name__}: {exc}", "pids": [], "used": []}
+    try:
+        pids: set[int] = set()
+        used = []
+        for i in range(int(pynvml.nvmlDeviceGetCount())):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            used.append(int(pynvml.nvmlDeviceGetMemoryInfo(h).used))
+            for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+                fn = getattr(pynvml, getter, None)
+                if fn is not None:
+                    pids.update(int(p.pid) for p in fn(h))
+        return {"nvml_error": None, "pids": sorted(pids), "used": used}
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def context_state() -> dict[str, Any]:
+    """Whether this process has a CUDA context: torch's flag (without importing torch) and NVML's process list."""
+    torch = sys.modules.get("torch")
+    state: dict[str, Any] = {
+        "torch_imported": torch is not None,
+        "initialized": bool(torch is not None and torch.cuda.is_initialized()),
+    }
+    state.update(nvml_processes())
+    state["listed"] = os.getpid() in state["pids"]
+    return state
+
+
+def control() -> dict[str, Any] | None:
+    """Create a context on purpose and read the same signals: they must show it, or they prove nothing."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    return context_state()
+
+
+def _detect(_: str | None) -> dict[str, Any]:
+    import nbhw
+
+    hw = nbhw.detect()
+    return {"usable": [b.key for b in hw.usable], "devices": [d.device for d in hw.devices]}
+
+
+def _report(_: str | None) -> dict[str, Any]:
+    import nbhw
+
+    data = nbhw.report().to_dict()
+    return {"torch": data["torch"], "nvidia": data["nvidia"]}
+
+
+def _attention(_: str | None) -> dict[str, Any]:
+    import nbhw
+
+    advice = nbhw.attention()
+    return {"device": advice.device, "live": advice.live, "rows": {r.key: r.status for r in advice.rows}}
+
+
+def _plan(model: str | None) -> dict[str, Any]:
+    import nbhw
+
+    plan = nbhw.plan(model)
+    problems = plan.check()
+    assert plan.estimate is not None and plan.placement is not None
+    return {
+        "code_lines": len(plan.code.splitlines()),
+        "problems": problems,
+        "bytes": plan.estimate.total_bytes,
+        "device_map": {k: str(v) for k, v in plan.placement.device_map.items()},
+        "verdict": plan.placement.verdict,
+    }
+
+
+CALLS = {"detect": _detect, "report": _report, "attention": _attention, "plan": _plan}
+
+
+def context(what: str, model: str | None = None) -> dict[str, Any]:
+    """Run one of nbhw's entry points, then read the context signals, then the control."""
+    before = context_state()
+    said = CALLS[what](model)
+    after = context_state()
+    return {"pid": os.getpid(), "what": what, "said": said, "before": before, "after": after, "control": control()}
+
+
+def _nbhw_device(d: Any) -> dict[str, Any]:
+    return {
+        "device": d.device,
+        "name": d.name,
+        "total_memory": d.total_memory,
+        "compute_capability": d.compute_capability,
+        "bf16": d.bf16,
+        "tf32": d.tf32,
+        "uuid": d.details.get("uuid"),
+        "nvml_index": d.details.get("nvml_index"),
+        "notes": list(d.notes),
+    }
+
+
+def _torch_device(torch: Any, index: int) -> dict[str, Any]:
+    props = torch.cuda.get_device_properties(index)
+    with torch.cuda.device(index):
+        bf16 = bool(torch.cuda.is_bf16_supported(including_emulation=False))
+        tf32_fn = getattr(torch.cuda, "is_tf32_supported", None)
+        tf32 = bool(tf32_fn()) if tf32_fn is not None else props.major >= 8
+    return {
+        "device": f"cuda:{index}",
+        "name": str(props.name),
+        "total_memory": int(props.total_memory),
+        "compute_capability": f"{props.major}.{props.minor}",
+        "bf16": bf16,
+        "tf32": tf32,
+        "uuid": str(props.uuid),
+    }
+
+
+def detect_facts(_: str | None = None) -> dict[str, Any]:
+    """nbhw's view first (no context), then torch's (which starts CUDA), then transformers' own bf16/tf32 answers."""
+    import nbhw
+
+    hw = nbhw.detect()
+    row = hw.backend("cuda")
+    ours = [_nbhw_device(d) for d in row.devices]
+    state = context_state()
+    import torch
+    from transformers.utils import import_utils
+
+    theirs = [_torch_device(torch, i) for i in range(torch.cuda.device_count())]
+    return {
+        "usable": row.usable,
+        "reason": row.reason,
+        "nbhw": ours,
+        "context_after_detect": state,
+        "torch": theirs,
+        "torch_version": str(torch.__version__),
+        "transformers": {
+            "bf16": bool(import_utils.is_torch_bf16_gpu_available()),
+            "tf32": bool(import_utils.is_torch_tf32_available()),
+        },
+    }
+
+
+def _mapping(hw: Any) -> dict[str, Any]:
+    row = hw.backend("cuda")
+    return {
+        "usable": row.usable,
+        "reason": row.reason,
+        "notes": list(row.notes),
+        "devices": [{"device": d.device, "uuid": d.details.get("uuid"), "name": d.name} for d in row.devices],
+        "exact": hw.env.gpu_order_exact,
+        "warnings": list(hw.env.warnings),
+    }
+
+
+def visible_facts(_: str | None = None) -> dict[str, Any]:
+    """How cuda:N maps under this process's CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER: nbhw before, torch, nbhw after."""
+    import nbhw
+
+    before = _mapping(nbhw.detect())
+    initialized_before_torch = context_state()["initialized"]
+    import torch
+
+    count = torch.cuda.device_count()
+    theirs = []
+    for i in range(count):
+        props = torch.cuda.get_device_properties(i)
+        theirs.append({"device": f"cuda:{i}", "uuid": str(props.uuid), "name": str(props.name)})
+    return {
+        "env": {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")},
+        "nbhw_before": before,
+        "initialized_by_nbhw": initialized_before_torch,
+        "torch": theirs,
+        "torch_initialized": bool(torch.cuda.is_initialized()),
+        "nbhw_after": _mapping(nbhw.detect()),
+    }
+
+
+def _tensors(model: Any) -> list[Any]:
+    return list(model.parameters()) + list(model.buffers())
+
+
+def load_facts(model_path: str | None) -> dict[str, Any]:
+    """Plan the model (defaults: device_map="auto", dtype="auto"), then run the cell nbhw wrote and measure it."""
+    import nbhw
+
+    plan = nbhw.plan(model_path)
+    problems = plan.check()
+    estimate, placement = plan.estimate, plan.placement
+    assert estimate is not None and placement is not None
+    planned = context_state()
+    import torch
+
+    cuda = torch.cuda.is_available()
+    allocated_before = int(torch.cuda.memory_allocated(0)) if cuda else None
+    namespace: dict[str, Any] = {}
+    started = time.perf_counter()
+    exec(compile(plan.code, "<plan.code>", "exec"), namespace)  # the user's cell, as nbhw wrote it
+    seconds = time.perf_counter() - started
+    if cuda:
+        torch.cuda.synchronize()
+    loaded = namespace["model"]
+    tensors = _tensors(loaded)
+    return {
+        "code": plan.code,
+        "problems": problems,
+        "estimate": estimate.to_dict(),
+        "placement": placement.to_dict(),
+        "context_after_planning": planned,
+        "allocated_before": allocated_before,
+        "allocated_after": int(torch.cuda.memory_allocated(0)) if cuda else None,
+        "loaded_bytes": sum(t.numel() * t.element_size() for t in tensors),
+        "parameters": sum(p.numel() for p in loaded.parameters()),
+        "devices": sorted({str(t.device) for t in tensors}),
+        "dtypes": sorted({str(p.dtype) for p in loaded.parameters()}),
+        "hf_device_map": {k: str(v) for k, v in (getattr(loaded, "hf_device_map", None) or {}).items()},
+        "cell_seconds": round(seconds, 2),
+    }
+
+
+CHECKS = {
+    "context": lambda args: context(args[0], args[1] if len(args) > 1 else None),
+    "detect": lambda args: detect_facts(),
+    "visible": lambda args: visible_facts(),
+    "load": lambda args: load_facts(args[0] if args else None),
+}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in CHECKS:
+        print(f"usage: python -m tests.gpu.probe {{{','.join(CHECKS)}}} [ARG]", file=sys.stderr)
+        return 2
+    result = CHECKS[argv[0]](argv[1:])
+    sys.stdout.flush()
+    print(json.dumps(result, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
