@@ -1,29 +1,32 @@
-"""Benchmark of the memory graph (a script, not a test): python tests/bench_memory.py [--repeats N] [--quick]
+"""The memory graph's part of ``tests/bench.py`` (a benchmark, not a test; pytest does not collect it).
 
-1. A CPU-bound torch loop with the sampler off, on at the default interval and at 10 Hz (each with and
-   without a live graph fed through a recording comm), alternating in one run: median time -> slowdown,
-   the loop thread's own CPU time vs off, and the CPU time the process's other threads (the sampler) used as a
-   share of the loop's wall time. On a shared machine the wall ratio is noisy; the CPU columns are not.
-2. Bytes sent to the browser per tick at ticks 100, 1,200 (the default window is full) and 10,000, through
-   the real widget with a recording comm, every tick changing (the worst case: no tick skipped).
+1. A CPU-bound torch loop with the sampler off, on at the default interval and at 10 Hz (each with and without a
+   live graph fed through a recording comm), alternating in one run: the median over rounds of each setting's
+   time over the sampler-off time of the same round (the slowdown), the loop thread's own CPU time vs off, and
+   the CPU time the process's other threads (the sampler) used as a share of the loop's wall time: the most the
+   sampler can hold the loop up by, since it can only do so while it holds the GIL. On a shared machine the wall
+   ratio is noisy; the CPU columns are not.
+2. Bytes the graph sends to the browser per tick at ticks 100, 1,200 (the default window is full) and 10,000,
+   through the real widget with a recording comm, every source changing every tick (the worst case: nothing
+   skipped), the sampler counting as running so the status line carries every figure as it does in a kernel.
 3. What the cell hooks cost per cell in the real IPython shell: no extension, extension loaded, sampling.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from nbhw.core import memory
-from nbhw.core.fmt import text_table
+from nbhw.core.fmt import GIB, MIB
 from nbhw.ui import memory as ui
-from tests.memcomm import recording_comms
+from tests.memcomm import counter_bytes, recording_comms
 
 
 def workload(steps: int) -> tuple[float, float, float]:
@@ -69,8 +72,23 @@ class Setting:
             if view is not None:
                 view.close()
 
+    def wall(self) -> float:
+        return statistics.median(self.times)
 
-def overhead(repeats: int, steps: int) -> list[list[str]]:
+    def slowdown(self, off: Setting) -> float:
+        """The median over rounds of this setting's time / the sampler-off time of the same round.
+
+        Pairing runs of one round cancels the slow drift of a shared machine's load.
+        """
+        return statistics.median(a / b for a, b in zip(self.times, off.times, strict=True))
+
+    def cpu_share(self) -> float:
+        """The median CPU the sampler thread used, as a share of the loop's wall time."""
+        return max(0.0, statistics.median(self.others))
+
+
+def overhead(repeats: int, steps: int) -> list[Setting]:
+    """The loop under each setting, alternating order each round; the first setting is 'sampler off'."""
     settings = [
         Setting("sampler off", None, False),
         Setting("on, every 0.5 s (default)", 0.5, False),
@@ -78,71 +96,110 @@ def overhead(repeats: int, steps: int) -> list[list[str]]:
         Setting("on, 10 Hz", 0.1, False),
         Setting("on, 10 Hz + graph", 0.1, True),
     ]
+    torch.set_num_threads(1)  # one intra-op thread: the CPU time of other threads is the sampler's
     workload(steps // 4)  # warm up
     with recording_comms():
         for i in range(repeats):
-            order = settings if i % 2 == 0 else settings[::-1]
-            for s in order:
+            for s in settings if i % 2 == 0 else settings[::-1]:
                 s.run(steps)
-    base, base_own = statistics.median(settings[0].times), statistics.median(settings[0].own)
+    return settings
+
+
+def overhead_rows(settings: list[Setting]) -> list[list[str]]:
+    off = settings[0]
+    base_own = statistics.median(off.own)
     return [
         [
             s.name,
-            f"{statistics.median(s.times) * 1000:.0f} ms",
-            f"{statistics.median(s.times) / base:.3f}",
+            f"{s.wall() * 1000:.0f} ms",
+            f"{s.slowdown(off):.3f}",
             f"{statistics.median(s.own) / base_own:.3f}",
-            f"{max(0.0, statistics.median(s.others)) * 100:.2f} %",
+            f"{s.cpu_share() * 100:.2f} %",
         ]
         for s in settings
     ]
 
 
-class Growing(memory.Source):
-    """A device whose allocation changes every tick, so no tick is skipped."""
+OVERHEAD_HEADERS = ("setting", "median wall", "wall vs off (paired)", "loop CPU vs off", "sampler CPU / wall")
 
-    name = "bench:0 (fake)"
-    device = "bench:0"
-    kinds = ("allocated", "reserved", "capacity")
-    primary = "allocated"
 
-    def __init__(self) -> None:
+class Changing(memory.Source):
+    """A device whose every reading but capacity changes every tick, between 1 and 9 GiB (one printed width)."""
+
+    def __init__(self, device: str, kinds: tuple[str, ...]) -> None:
+        self.device, self.name, self.kinds = device, f"{device} (bench)", kinds
+        self.primary = kinds[0]
         self.n = 0
 
     def read(self) -> dict[str, int]:
         self.n += 1
-        return {"allocated": (self.n % 977) * 2**20, "reserved": (self.n % 977 + 64) * 2**20, "capacity": 80 * 2**30}
+        return {
+            kind: 80 * GIB if kind == "capacity" else GIB + (self.n * 7 + i * 13) % 97 * 80 * MIB
+            for i, kind in enumerate(self.kinds)
+        }
 
 
-def bytes_per_tick(window: float, marks: tuple[int, ...]) -> list[list[str]]:
-    rows = []
+HOST = ("rss", "available", "capacity")
+NVIDIA = ("allocated", "reserved", "used", "capacity")  # torch's two counters, NVML's used and total: the most
+
+
+class Running(memory.Sampler):
+    """Ticks driven by hand, but the view sees a running sampler (its status line lists every figure)."""
+
+    @property
+    def running(self) -> bool:
+        return True
+
+
+@dataclass
+class Sent:
+    """What one tick sent: bytes on the wire, of which plotly's edit counters, and the messages."""
+
+    nbytes: int
+    counters: int
+    messages: int
+
+
+def tick_bytes(gpus: int, marks: tuple[int, ...], window: float = 600, interval: float = 0.5) -> dict[int, Sent]:
+    """What the graph sends at each tick in ``marks``, with the host and ``gpus`` NVIDIA-like devices."""
+    found: dict[int, Sent] = {}
     with recording_comms() as rec:
-        sampler = memory.Sampler(interval=0.5, window=window, sources=[memory.HostSource(), Growing()])
+        sources = [Changing("host", HOST)] + [Changing(f"cuda:{i}", NVIDIA) for i in range(gpus)]
+        sampler = Running(interval=interval, window=window, sources=sources)
         view = ui.MemoryView(sampler, memory.CellLog(sampler))
         rec.drain()
-        tick_ms: list[float] = []
-        sent: list[int] = []
         for tick in range(1, max(marks) + 1):
-            start = time.perf_counter()
             sampler.tick()
-            tick_ms.append((time.perf_counter() - start) * 1000)
-            messages, nbytes, _ = rec.drain()
-            sent.append(nbytes)
+            count, nbytes, messages = rec.drain()
             if tick in marks:
-                rows.append(
-                    [
-                        f"{window:g} s / {sampler.slots}",
-                        f"{tick:,}",
-                        f"{nbytes:,}",
-                        f"{statistics.median(sent[-100:]):,.0f} / {max(sent[-100:]):,}",
-                        str(messages),
-                        f"{statistics.median(tick_ms[-100:]):.2f}",
-                    ]
-                )
+                found[tick] = Sent(nbytes, counter_bytes(messages), count)
         view.close()
-    return rows
+    return found
+
+
+def bytes_rows(marks: tuple[int, ...]) -> tuple[list[list[str]], dict[str, float]]:
+    """Rows for ticks ``marks`` (host + 1 GPU) and the per-device figures: host alone, and what a GPU adds."""
+    long = tick_bytes(1, marks)
+    rows = [[f"{t:,}", f"{s.nbytes:,}", f"{s.nbytes - s.counters:,}", str(s.messages)] for t, s in long.items()]
+    at = {gpus: tick_bytes(gpus, (100,))[100] for gpus in (0, 1, 2)}
+    host = at[0].nbytes
+    gpu = max(at[1].nbytes - at[0].nbytes, at[2].nbytes - at[1].nbytes)
+    figures = {
+        "first": long[min(marks)].nbytes,
+        "last": long[max(marks)].nbytes,
+        "first_payload": long[min(marks)].nbytes - long[min(marks)].counters,
+        "last_payload": long[max(marks)].nbytes - long[max(marks)].counters,
+        "host": host,
+        "gpu": gpu,
+    }
+    return rows, figures
+
+
+BYTES_HEADERS = ("tick", "bytes", "less plotly's edit counters", "messages")
 
 
 def cell_cost(cells: int, repeats: int = 7) -> list[list[str]]:
+    """Time per trivial cell in the real IPython shell: no extension, extension loaded, sampling."""
     from IPython.testing.globalipapp import get_ipython
 
     ip = get_ipython()
@@ -179,28 +236,3 @@ def cell_cost(cells: int, repeats: int = 7) -> list[list[str]]:
             times[name].append(per_cell())
     unloaded()
     return [[name, f"{statistics.median(values):.0f} µs"] for name, values in times.items()]
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=21)
-    parser.add_argument("--steps", type=int, default=20000)
-    parser.add_argument("--quick", action="store_true", help="fewer repeats and ticks")
-    args = parser.parse_args()
-    repeats, steps = (3, 2000) if args.quick else (args.repeats, args.steps)
-    torch.set_num_threads(1)  # one intra-op thread: the CPU time of other threads is the sampler's
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; median of {repeats} alternating runs\n")
-    print("CPU-bound torch loop, sampler off vs on")
-    headers = ("setting", "median wall", "wall vs off", "loop CPU vs off", "sampler CPU / wall")
-    print(text_table(headers, overhead(repeats, steps), indent="  "))
-    marks = (100, 1200, 2400, 10_000) if not args.quick else (100, 1200, 2400)
-    print("\nBytes sent per tick (every tick changes: none skipped), real widget, recording comm")
-    rows = bytes_per_tick(600, marks) + bytes_per_tick(60, (100, 1200, 10_000) if not args.quick else (100, 1200))
-    headers = ("window / slots", "tick", "bytes", "median / max of the last 100", "messages", "ms per tick")
-    print(text_table(headers, rows, indent="  "))
-    print("\nCell hooks: time per trivial cell in the real IPython shell")
-    print(text_table(("state", "per cell"), cell_cost(200), indent="  "))
-
-
-if __name__ == "__main__":
-    main()

@@ -13,7 +13,7 @@ import pytest
 from nbhw.core import memory
 from nbhw.ui import memory as ui
 from tests.fakes import GIB
-from tests.memcomm import Recorder, recording_comms
+from tests.memcomm import Recorder, counter_bytes, recording_comms
 from tests.test_memory import Broken, Clock, FakeSource, Running
 
 MIB = 1024**2
@@ -39,37 +39,122 @@ def updates(messages: list[tuple[dict[str, Any], list[Any]]], name: str) -> list
     return [d["state"][name] for d, _ in messages if d.get("method") == "update" and d["state"].get(name)]
 
 
-def test_bytes_per_tick_stay_flat_after_ten_times_the_window(rec: Recorder) -> None:
-    host, gpu = Changing("host", kinds=("rss", "available", "capacity")), Changing()
-    sampler = memory.Sampler(interval=0.5, window=30, sources=[host, gpu])
+class Cycling(FakeSource):
+    """Every reading but capacity changes every tick, between 1 and 9 GiB so every figure prints at one width."""
+
+    def __init__(self, device: str, kinds: tuple[str, ...]) -> None:
+        super().__init__(device, kinds)
+        self.n = 0
+
+    def read(self) -> dict[str, int]:
+        self.n += 1
+        for i, kind in enumerate(self.kinds):
+            self.values[kind] = 80 * GIB if kind == "capacity" else GIB + (self.n * 7 + i * 13) % 97 * 80 * MIB
+        return super().read()
+
+
+HOST = ("rss", "available", "capacity")
+NVIDIA = ("allocated", "reserved", "used", "capacity")  # torch's two counters and NVML's used + total
+
+
+def per_tick(rec: Recorder, gpus: int, marks: tuple[int, ...]) -> dict[int, int]:
+    """Bytes the graph sends at each mark (ticks), with the host and ``gpus`` NVIDIA-like devices all changing.
+
+    Less the digits of plotly's edit counters, the one thing that grows (a byte each at 10, 100, 1,000 ... edits).
+    """
+    sources = [Cycling("host", HOST)] + [Cycling(f"cuda:{i}", NVIDIA) for i in range(gpus)]
+    sampler = Running(interval=0.5, window=600, sources=sources)  # the defaults: 1,200 samples a trace
     ui.MemoryView(sampler, memory.CellLog(sampler))
     rec.drain()
-    slots = sampler.slots
-    sent = []
-    for tick in range(10 * slots + 1):
+    sent = {}
+    for tick in range(1, max(marks) + 1):
         sampler.tick()
         _, nbytes, messages = rec.drain()
-        sent.append(nbytes)
-        # One plotly update per tick, no separate restyle/relayout messages.
-        assert len(updates(messages, "_py2js_update")) == 1, tick
+        assert len(updates(messages, "_py2js_update")) == 1, tick  # every tick changes: one plotly update each
         assert not updates(messages, "_py2js_restyle") and not updates(messages, "_py2js_relayout")
-        if tick == 10 * slots:
+        if tick in marks:
+            sent[tick] = nbytes - counter_bytes(messages)
+        if tick == max(marks):
             (update,) = updates(messages, "_py2js_update")
             arrays = [y for y in update["style_data"]["y"] if isinstance(y, dict)]
-            buffers = [b for _, bs in messages for b in bs]
-            # The series travel as float32 binary buffers one window long (rss, available, allocated);
-            # their x is x0 + dx, not an array. Capacity lines and peak markers are a few points each.
-            assert len(arrays) == 3
-            assert {y["dtype"] for y in arrays} == {"float32"} and {tuple(y["shape"]) for y in arrays} == {(slots,)}
-            assert sorted(memoryview(b).nbytes for b in buffers) == [4 * slots] * 3
-            xs = [x for x in update["style_data"]["x"] if x != "_undefined_"]
-            assert all(len(x) <= 2 for x in xs)
-    full = sent[slots - 1 : 2 * slots]
-    late = sent[9 * slots :]
-    assert max(late) <= max(full) + 16, (max(full), max(late))
-    assert min(late) >= min(full) - 16
-    # Before the window is full, less is sent; the window bounds it.
-    assert sent[1] < sent[slots - 1]
+            # Each changing series (rss, available; allocated, reserved, used per GPU) travels as one float32
+            # buffer of the graph's fixed resolution, its x implied (x0 + dx); capacity lines and peak markers are
+            # a few points each.
+            assert len(arrays) == 2 + 3 * gpus
+            assert {y["dtype"] for y in arrays} == {"float32"}
+            assert {tuple(y["shape"]) for y in arrays} == {(ui.point_count(sampler.slots),)}
+            assert ui.point_count(sampler.slots) <= ui.POINTS < sampler.slots
+            assert all(len(x) <= 3 for x in update["style_data"]["x"] if x != "_undefined_")
+    return sent
+
+
+@pytest.mark.slow
+def test_a_tick_sends_the_same_bytes_after_100_and_10000_ticks(rec: Recorder) -> None:
+    sent = per_tick(rec, gpus=1, marks=(100, 1_200, 10_000))
+    assert sent[100] == sent[1_200] == sent[10_000], sent
+
+
+def test_a_tick_sends_at_most_4_kb_per_device(rec: Recorder) -> None:
+    # The host row carries everything shared (the message, the status line); each GPU adds its own traces,
+    # peak markers and status figures: measured as what one more GPU adds to a tick.
+    host, one, two = (per_tick(rec, gpus, (50,))[50] for gpus in (0, 1, 2))
+    assert host <= 4096, host
+    assert two - one <= 4096 and one - host <= 4096, (host, one, two)
+    # The first GPU also brings the devices row (its time axis); after that a device costs the same each.
+    assert 0 <= (one - host) - (two - one) <= 128, (host, one, two)
+
+
+def test_display_points_have_a_fixed_length_keep_peaks_and_end_at_the_newest_sample() -> None:
+    slots = 1200  # the defaults: 600 s every 0.5 s
+    count = ui.point_count(slots)
+    assert count == ui.POINTS < slots
+    for n in (0, 1, 7, count, count + 1, 700, slots):
+        points = ui.display_points(np.arange(n, dtype=np.float32), slots)
+        assert points.dtype == np.float32 and len(points) == count, n
+        finite = points[~np.isnan(points)]
+        if n:
+            assert points[-1] == n - 1 and finite.min() == 0 and finite.max() == n - 1, n
+        # Up to `count` samples, every sample is a point; beyond, at least half as many points as there are.
+        assert len(finite) == n if n <= count else count // 2 < len(finite) <= count, n
+        # What is drawn spans the samples: the spacing times the points that carry samples.
+        per = ui.bucket_size(n, slots)
+        drawn = np.flatnonzero(~np.isnan(points))
+        if n > 1:
+            span = (count - 1 - drawn[0]) * ui.point_spacing(n, slots, 0.5)
+            assert (n - 1) * 0.5 - per * 0.5 <= span <= (n - 1) * 0.5 + per * 0.5, n
+    # A one-sample spike and a one-sample dip anywhere in the window are drawn at their height, in time order.
+    series = np.full(slots, 2.0, dtype=np.float32)
+    series[123], series[124] = 9.0, -1.0
+    points = ui.display_points(series, slots)
+    assert points.max() == 9.0 and points.min() == -1.0
+    assert int(np.argmax(points)) < int(np.argmin(points))
+    # A short window is drawn sample by sample.
+    assert ui.point_count(60) == 60 and ui.bucket_size(60, 60) == 1 and ui.point_spacing(60, 60, 0.5) == 0.5
+
+
+def test_a_trace_whose_points_did_not_change_is_not_sent_again(rec: Recorder) -> None:
+    steady, moving = FakeSource("cuda:0"), Changing("cuda:1")
+    steady.set(allocated=GIB, capacity=16 * GIB)
+    sampler = memory.Sampler(interval=0.5, window=30, sources=[steady, moving])
+    view = ui.MemoryView(sampler, memory.CellLog(sampler))
+    for _ in range(3):
+        sampler.tick()
+    rec.drain()
+    sampler.tick()
+    (update,) = updates(rec.drain()[2], "_py2js_update")
+    names = [t.name for t in view.figure.data]
+    ys = update["style_data"]["y"]
+    # The window is full of the steady value from tick 61 on; before that its padding shrinks each tick.
+    assert ys[names.index("cuda:1 allocated by torch (this process)")] != "_undefined_"
+    for _ in range(sampler.slots):
+        sampler.tick()
+    rec.drain()
+    sampler.tick()
+    (update,) = updates(rec.drain()[2], "_py2js_update")
+    assert update["style_data"]["y"][names.index("cuda:0 allocated by torch (this process)")] == "_undefined_"
+    assert update["style_data"]["y"][names.index("cuda:1 allocated by torch (this process)")] != "_undefined_"
+    # Its x0 still moves with the others, so the steady line ends at the newest sample too.
+    assert update["style_data"]["x0"][names.index("cuda:0 allocated by torch (this process)")] != "_undefined_"
 
 
 def test_ticks_that_change_nothing_send_nothing_until_the_periodic_refresh(rec: Recorder) -> None:
@@ -109,7 +194,9 @@ def test_the_graph_has_a_trace_per_device_and_kind_capacity_lines_and_peak_marke
     assert names[:7] == [t.label for t in sampler.traces]
     assert names[7:] == ["peak", "peak"]  # one peak-marker trace per row: host, devices
     allocated = fig.data[names.index("cuda:0 allocated by torch (this process)")]
-    assert allocated.y.dtype == np.float32 and allocated.y.tolist() == [1.0, 5.0, 2.0]
+    # The whole window (60 samples) from the first tick: NaN where nothing was sampled yet.
+    assert allocated.y.dtype == np.float32 and len(allocated.y) == sampler.slots == 60
+    assert allocated.y[-3:].tolist() == [1.0, 5.0, 2.0] and np.isnan(allocated.y[:-3]).all()
     assert allocated.dx == 500 and allocated.yaxis == "y3"  # the devices row
     # The machine's memory is on the host row's right axis, this kernel's RSS on its left.
     assert fig.data[names.index("host available (machine)")].yaxis == "y2"
@@ -157,7 +244,8 @@ def test_a_faulting_source_is_shown_once_and_the_rest_of_the_graph_continues(rec
         sampler.tick()
     assert view.errors.value.count("GPU is lost") == 1 and "gpu9 (broken)" in view.errors.value
     names = [t.name for t in view.figure.data]
-    assert len(view.figure.data[names.index("fake:0 allocated by torch (this process)")].y) == 4
+    drawn = view.figure.data[names.index("fake:0 allocated by torch (this process)")].y
+    assert np.count_nonzero(~np.isnan(drawn)) == 4
 
 
 def test_cells_show_as_markers_on_the_graph_and_in_the_table(rec: Recorder) -> None:

@@ -107,8 +107,7 @@ def test_cli_plan_exits_2_on_a_mistake_in_a_real_process() -> None:
 def test_readme_example_is_what_nbhw_prints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import re
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from plan_70b import CONFIG
+    from tests.bench_plan import CONFIG
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     m = re.search(r"^\$ python -m nbhw plan (\./llama-3-70b .*?)\n(.*?)\n```", readme, re.M | re.S)

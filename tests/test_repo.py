@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from fnmatch import fnmatch
 from pathlib import Path
 
 import nbformat
@@ -30,6 +31,22 @@ def test_ci_runs_the_test_command_written_in_readme() -> None:
 def test_readme_quickstart_command_exists() -> None:
     assert readme_command("the quickstart notebook in JupyterLab") == "scripts/quickstart.sh"
     assert "notebooks/quickstart.ipynb" in (ROOT / "scripts/quickstart.sh").read_text()
+
+
+def test_readme_benchmark_command_runs_from_the_repository_root() -> None:
+    command = readme_command("the benchmarks")
+    assert command.startswith(".venv/bin/python -m tests.bench")
+    argv = [sys.executable, "-m", "tests.bench", *command.split()[3:], "--help"]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0 and "--only" in proc.stdout, proc.stderr
+
+
+def test_the_benchmarks_are_not_collected_as_tests(pytestconfig: pytest.Config) -> None:
+    # pytest collects the files under tests/ that match python_files; the benchmark and its parts must not.
+    patterns = pytestconfig.getini("python_files")
+    benchmarks = sorted(p.name for p in (ROOT / "tests").glob("bench*.py"))
+    assert benchmarks == ["bench.py", "bench_memory.py", "bench_plan.py"]
+    assert not [name for name in benchmarks if any(fnmatch(name, p) for p in patterns)]
 
 
 @pytest.mark.slow

@@ -2,9 +2,12 @@
 
 Every view subscribes to the same :class:`~nbhw.core.memory.Sampler`; the sampler thread updates the widgets
 under :data:`LOCK` (the one lock for every memory widget), never prints, and sends at most one
-``batch_update`` per tick whose size is bounded by the window: float32 arrays (binary buffers) and a
-constant-size x axis (``x0`` + ``dx``). Ticks that change nothing visible are skipped, except for a refresh
-every few seconds so the time axis keeps moving. Closing the last view stops the sampler.
+``batch_update`` per tick. What a tick sends does not grow with the session or the window: each trace travels as
+the same number of float32 points from the first tick on (:func:`display_points`: NaN where nothing was sampled
+yet, more samples than points reduced to each bucket's min and max so peaks survive) in a binary buffer with an
+implied x axis (``x0`` + ``dx``), and a trace whose points did not change is not sent again. Ticks that change
+nothing visible are skipped, except for a refresh every few seconds so the time axis keeps moving. Closing the
+last view stops the sampler.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ WIDTH = 860
 ROW_HEIGHT = 230
 REFRESH = 2.0
 MAX_CELL_MARKERS = 20
+# Points per trace on the graph, whatever the window: about one per 3 px of the plot, and what keeps a device's
+# traces within 4 KB per tick (float32).
+POINTS = 240
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 DASH = {"allocated": "solid", "reserved": "dash", "used": "dot", "rss": "solid", "available": "dot"}
 BOX_CLASS = "nbhw-memory"
@@ -66,6 +72,52 @@ def _stamp(t: float) -> str:
 def _exact(nbytes: float) -> str:
     """GiB with the MiB behind it: exact to the shown digit even from float32 samples."""
     return f"{nbytes / GIB:.3f} GiB ({nbytes / MIB:,.1f} MiB)"
+
+
+def point_count(slots: int, points: int = POINTS) -> int:
+    """How many points a trace has on the graph: the window's samples, at most ``points``."""
+    return min(slots, points)
+
+
+def bucket_size(samples: int, slots: int, points: int = POINTS) -> int:
+    """Samples per drawn point pair: 1 while the samples fit, else enough to draw each bucket as its min and max."""
+    count = point_count(slots, points)
+    return 1 if samples <= count else math.ceil(samples / (count // 2))
+
+
+def display_points(series: np.ndarray, slots: int, points: int = POINTS) -> np.ndarray:
+    """The samples in a window (oldest first) as the graph's float32 points, the newest sample last.
+
+    The length is :func:`point_count`, whatever the number of samples so far: NaN stands for what was not sampled
+    yet. Once there are more samples than points, they are cut into buckets (the newest ending at the newest
+    sample) and each bucket is drawn as its min and its max in the order they happened, so a spike shorter than a
+    bucket is still drawn at its height.
+    """
+    count = point_count(slots, points)
+    per = bucket_size(len(series), slots, points)
+    out = np.full(count, np.nan, dtype=np.float32)
+    if not len(series):
+        return out
+    if per == 1:
+        out[count - len(series) :] = series
+        return out
+    buckets = math.ceil(len(series) / per)
+    flat = np.full(buckets * per, np.nan, dtype=np.float32)
+    flat[len(flat) - len(series) :] = series
+    rows = flat.reshape(buckets, per)
+    missing = np.isnan(rows)
+    low = np.where(missing, np.inf, rows).argmin(axis=1)
+    high = np.where(missing, -np.inf, rows).argmax(axis=1)
+    which = np.arange(buckets)
+    out[count - 2 * buckets :: 2] = rows[which, np.minimum(low, high)]
+    out[count - 2 * buckets + 1 :: 2] = rows[which, np.maximum(low, high)]
+    return out
+
+
+def point_spacing(samples: int, slots: int, interval: float, points: int = POINTS) -> float:
+    """Seconds between two of :func:`display_points`' points."""
+    per = bucket_size(samples, slots, points)
+    return interval if per == 1 else per * interval / 2
 
 
 @functools.cache
@@ -133,6 +185,7 @@ class MemoryView:
         self._sent_at = -math.inf
         self._cells_version = -1
         self._shapes: list[dict[str, Any]] = []
+        self._sent: dict[str, np.ndarray] = {}
         self.box = box_class(layout=ipywidgets.Layout(width=f"{width + 20}px"))
         self.box.view = self
         self.box.add_class(BOX_CLASS)
@@ -208,6 +261,7 @@ class MemoryView:
         rows = self._rows(data.traces)
         self._peak_index = {row: n + i for i, row in enumerate(sorted(set(rows.values())))}
         self._shapes = []
+        self._sent = {}
         self.box.children = (self.style, self.status, self.errors, self.figure, self.table)
         if old is not None:
             old.close()
@@ -250,6 +304,7 @@ class MemoryView:
                 mode="markers",
                 marker={"symbol": "triangle-down", "size": 9, "color": "#444"},
                 hoverinfo="text",
+                cliponaxis=False,  # a peak at the newest sample sits on the axis' end: draw all of it
                 showlegend=row == 1,
                 legendgroup="peak",
                 row=row,
@@ -276,19 +331,33 @@ class MemoryView:
         fig = self.figure
         if len(data) == 0:
             return
-        x0, dx = _stamp(float(data.times[0])), data.interval * 1000.0
-        first, last = _stamp(float(data.times[0])), _stamp(float(data.times[-1]))
+        slots = self.sampler.slots
+        spacing = point_spacing(len(data), slots, data.interval)
+        newest = float(data.times[-1])
+        # Every trace has the same fixed number of points ending at the newest sample: x0 moves, the length doesn't.
+        x0 = _stamp(newest - (point_count(slots) - 1) * spacing)
+        first, last = _stamp(float(data.times[0])), _stamp(newest)
         rows = self._rows(data.traces)
         peaks: dict[int, tuple[list[str], list[float], list[str]]] = {r: ([], [], []) for r in self._peak_index}
         with fig.batch_update():
+            # The time axis ends at the newest sample and, until the window is full, starts at the first one:
+            # neither the NaN padding nor the margin plotly leaves for the peak markers (5 % of the padded span)
+            # stretch it. clipmin is sent once per history, clipmax every tick.
+            clip = {"clipmax": last} if len(data) == slots else {"clipmin": first, "clipmax": last}
+            fig.update_xaxes(autorangeoptions=clip)
             for trace in data.traces:
                 target = fig.data[self._index[trace.key]]
                 series = data.values[trace.key]
                 if trace.kind == "capacity":
                     self._capacity(target, series, first, last)
                     continue
-                target.x0, target.dx = x0, dx
-                target.y = (series / np.float32(GIB)).astype(np.float32)
+                target.x0, target.dx = x0, spacing * 1000.0
+                points = display_points(series / np.float32(GIB), slots)
+                # plotly compares arrays without equal_nan, so it would resend every padded trace: skip them here.
+                sent = self._sent.get(trace.key)
+                if sent is None or not np.array_equal(points, sent, equal_nan=True):
+                    target.y = points
+                    self._sent[trace.key] = points
                 if trace.kind != "available":
                     self._peak(peaks[rows[trace.key]], trace, series, data.times)
             for row, (xs, ys, texts) in peaks.items():

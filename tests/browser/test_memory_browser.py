@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -19,6 +20,13 @@ NEWEST_X = """(arg) => {
     if (last !== null && (newest === null || String(last) > String(newest))) newest = last;
   }));
   return newest === null ? null : String(newest);
+}"""
+
+# The time axis' range as plotly.js computed it on the page.
+X_RANGE = """() => {
+  const g = document.querySelector('.nbhw-memory .js-plotly-plot');
+  const r = g && g._fullLayout && g._fullLayout.xaxis && g._fullLayout.xaxis.range;
+  return r ? [String(r[0]), String(r[1])] : null;
 }"""
 
 SIZE = """() => {
@@ -57,6 +65,9 @@ def test_memory_graph_moves_while_a_cell_sleeps_and_attributes_a_big_cell(notebo
     assert "*" in nb.cells()[2].prompt, "the sleep cell should still be running while we watch"
     moving = [x for x in seen if x is not None]
     assert len(set(moving)) >= 3, f"x-range did not advance while another cell slept: {seen}"
+    # Every trace is sent as the whole 10-minute window (fixed size), yet the axis spans only what was sampled.
+    start, end = (datetime.fromisoformat(x[:23]) for x in nb.page.evaluate(X_RANGE))
+    assert timedelta(seconds=3) < end - start < timedelta(seconds=90), (start, end)
     nb.wait_done([2], before, timeout=30)
 
     nb.run_cell(3)

@@ -1,22 +1,21 @@
-"""Benchmark: plan a Llama-3-70B-sized model (meta build + estimate + placement), first and warm, against doing the
-same with accelerate's own estimate helpers, in one run. Not a test; prints figures.
+"""The load planner's part of ``tests/bench.py``: plan a Llama-3-70B-sized model (meta build + estimate +
+placement), first and warm, against doing the same with accelerate's own estimate helpers.
 
-    PYTHONPATH=$PWD python benchmarks/plan_70b.py [--repeat 5]
-
-Each side runs in a fresh interpreter, so "first" includes the one-off cost of transformers' Llama modules but not
-the imports of torch, transformers.modeling_utils and accelerate (reported apart: every load pays them).
-Targets (issue 10): first <= 1.2 s, warm <= 0.3 s.
+Each side runs in a fresh interpreter per round, the rounds alternating, so "first" includes the one-off cost of
+transformers' Llama modules but not the imports of torch, transformers.modeling_utils and accelerate (reported
+apart: every load pays them). Targets (issue 10): first <= 1.2 s, warm <= 0.3 s.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
+from dataclasses import dataclass, field
+from typing import Any
 
 CONFIG = {
     "architectures": ["LlamaForCausalLM"],
@@ -102,36 +101,72 @@ print(json.dumps({"imports": imports, "times": times}))
 )
 
 
-def measure(script: str, folder: str, repeat: int) -> dict[str, object]:
+def measure(script: str, folder: str, repeat: int, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """One fresh interpreter running one side: its imports, and per budget the first and the warm runs."""
     argv = [sys.executable, "-c", textwrap.dedent(script), folder, str(repeat), json.dumps(BUDGET)]
-    proc = subprocess.run(argv, capture_output=True, text=True, check=True)
-    result: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
+    proc = subprocess.run(argv, capture_output=True, text=True, check=True, env=env)
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeat", type=int, default=5, help="warm runs per side (median reported)")
-    repeat = parser.parse_args().repeat
+@dataclass
+class Side:
+    """One way to plan, over several fresh processes."""
+
+    name: str
+    script: str
+    runs: list[dict[str, Any]] = field(default_factory=list)
+
+    def imports(self) -> float:
+        return statistics.median(r["imports"] for r in self.runs)
+
+    def first(self, budget: str) -> float:
+        return statistics.median(r["times"][budget]["first"] for r in self.runs)
+
+    def warm(self, budget: str) -> float:
+        return statistics.median(w for r in self.runs for w in r["times"][budget]["warm"])
+
+    def result(self, budget: str) -> dict[str, Any]:
+        times: dict[str, Any] = self.runs[-1]["times"][budget]
+        return times
+
+
+def compare(rounds: int, repeat: int, env: dict[str, str] | None = None) -> tuple[Side, Side]:
+    """nbhw.plan and accelerate's helpers, each in a fresh process per round, alternating which goes first."""
+    ours, theirs = Side("nbhw.plan", NBHW), Side("accelerate helpers", ACCELERATE)
     with tempfile.TemporaryDirectory() as folder:
         with open(f"{folder}/config.json", "w") as f:
             json.dump(CONFIG, f)
-        sides = {"nbhw.plan": measure(NBHW, folder, repeat), "accelerate helpers": measure(ACCELERATE, folder, repeat)}
-    print("Llama-3-70B-sized config (80 layers, hidden 8192), bfloat16, device_map='auto'; seconds")
-    print(f"{'':19} {'budget':10} {'imports':>7} {'first':>6} {'warm':>6} {'GiB':>7}  verdict")
-    for name, data in sides.items():
-        for label, t in data["times"].items():  # type: ignore[attr-defined]
-            warm = statistics.median(t["warm"])
-            row = f"{name:19} {label:10} {data['imports']:7.2f} {t['first']:6.3f} {warm:6.3f} {t['bytes'] / 2**30:7.2f}"
-            print(f"{row}  {t['verdict']}")
-    ours, theirs = sides["nbhw.plan"]["times"], sides["accelerate helpers"]["times"]  # type: ignore[index]
-    for label in ("live", "max_memory"):
-        o, a = ours[label], theirs[label]
-        first, warm = o["first"] / a["first"], statistics.median(o["warm"]) / statistics.median(a["warm"])
-        same = "same" if o["map"] == a["map"] else "different"
-        print(f"nbhw / accelerate ({label}): first {first:.2f}x, warm {warm:.2f}x; {same} device_map")
-    print("targets: first <= 1.2 s, warm <= 0.3 s (after imports)")
+        for i in range(rounds):
+            for side in (ours, theirs) if i % 2 == 0 else (theirs, ours):
+                side.runs.append(measure(side.script, folder, repeat, env))
+    return ours, theirs
 
 
-if __name__ == "__main__":
-    main()
+BUDGETS = {"live": "this machine's free memory", "max_memory": "max_memory for 2 x 80 GiB GPUs + 200 GiB CPU"}
+HEADERS = ("planner", "budget", "imports", "first", "warm", "GiB", "verdict")
+
+
+def rows(ours: Side, theirs: Side) -> list[list[str]]:
+    """The table: per side and budget, seconds and what it found."""
+    found = []
+    for side in (ours, theirs):
+        for budget in BUDGETS:
+            r = side.result(budget)
+            found.append(
+                [
+                    side.name,
+                    budget,
+                    f"{side.imports():.2f} s",
+                    f"{side.first(budget):.3f} s",
+                    f"{side.warm(budget):.3f} s",
+                    f"{r['bytes'] / 2**30:.2f}",
+                    r["verdict"] or "-",
+                ]
+            )
+    return found
+
+
+def same_map(ours: Side, theirs: Side, budget: str) -> bool:
+    """Whether both sides put every module on the same device."""
+    return bool(ours.result(budget)["map"] == theirs.result(budget)["map"])
