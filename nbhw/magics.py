@@ -158,9 +158,9 @@ def _remove_cell_events(shell: Any) -> None:
 def unload(shell: Any) -> None:
     """Remove %hw and the cell events, and stop everything the extension started."""
     _remove_cell_events(shell)
-    panels = sys.modules.get("nbhw.ui.panel")
-    if panels is not None:
-        panels.close_all()
+    for views in (sys.modules.get("nbhw.ui.panel"), sys.modules.get("nbhw.ui.memory")):
+        if views is not None:
+            views.close_all()  # panels first: a panel's graph is also one of the memory views
     memory = _memory()
     if memory is not None:
         memory.stop_all()

@@ -35,6 +35,17 @@ class RecordingComm:
         self.closed = True
 
 
+def open_widgets() -> int:
+    """How many widgets are open in this process (each holds a comm and a model in the browser until closed)."""
+    import warnings
+
+    import ipywidgets
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # Widget.widgets: deprecated, still the registry
+        return len(ipywidgets.Widget.widgets)
+
+
 def message_bytes(data: dict[str, Any], buffers: list[Any]) -> int:
     """What a message costs on the wire: its JSON plus its binary buffers."""
     return len(json.dumps(data, default=str)) + sum(memoryview(b).nbytes for b in buffers)

@@ -13,7 +13,7 @@ import pytest
 from nbhw.core import memory
 from nbhw.ui import memory as ui
 from tests.fakes import GIB
-from tests.memcomm import Recorder, counter_bytes, recording_comms
+from tests.memcomm import Recorder, counter_bytes, open_widgets, recording_comms
 from tests.test_memory import Broken, Clock, FakeSource, Running
 
 MIB = 1024**2
@@ -281,6 +281,15 @@ def test_two_graphs_share_one_sampler_thread_and_closing_the_last_stops_it(rec: 
     two.close()
     assert not mon.running and not [t for t in threading.enumerate() if t.name == memory.THREAD_NAME]
     assert one.figure.comm is None and two.box.comm is None
+
+
+def test_closing_a_graph_closes_every_widget_it_opened_layouts_and_styles_too(rec: Recorder) -> None:
+    before = open_widgets()
+    view = ui.monitor(interval=0.05, window=5).view()
+    ui.monitor(interval=0.1, window=5)  # a new interval: the figure is rebuilt, the old one closed
+    assert open_widgets() > before
+    view.close()
+    assert open_widgets() == before
 
 
 def test_closing_the_box_closes_the_view(rec: Recorder) -> None:

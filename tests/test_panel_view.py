@@ -24,10 +24,12 @@ import nbhw
 from nbhw.core import codegen, loadform, metabuild
 from nbhw.core.loadform import Form
 from nbhw.core.tinymodel import tiny_model_path
+from nbhw.ui import memory as memory_ui
 from nbhw.ui import panel as panels
 from nbhw.ui.codebox import highlight
 from nbhw.ui.load import LoadView
 from nbhw.ui.worker import LOCK, THREAD_NAME, Worker
+from tests.memcomm import open_widgets
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -262,6 +264,7 @@ def test_the_panel_is_text_outside_jupyter_and_starts_nothing(tiny: str) -> None
 
 
 def test_the_panel_has_four_tabs_and_closing_it_stops_everything(tiny: str) -> None:
+    widgets = open_widgets()
     p = nbhw.panel(tiny, tab="Load")
     tabs = p.widget
     try:
@@ -281,6 +284,7 @@ def test_the_panel_has_four_tabs_and_closing_it_stops_everything(tiny: str) -> N
         p.close()
     assert p.memory.closed and not p.memory.sampler.running
     assert not worker.running and panels.open_panels() == []
+    assert open_widgets() == widgets  # every widget, layout and style it opened, the replaced ones too
     p.close()  # idempotent
 
 
@@ -308,14 +312,19 @@ def test_hw_in_a_terminal_prints_the_devices_and_the_plan(ip: Any, capsys: pytes
 
 
 def test_hw_in_jupyter_shows_the_panel_and_unload_closes_it(kernel_ip: Any) -> None:
+    widgets = open_widgets()
     kernel_ip.run_line_magic("load_ext", "nbhw")
     kernel_ip.run_line_magic("hw", "")
     [p] = panels.open_panels()
     assert p.tab == "Devices" and p.widget.selected_index == 0
     settle(panels.shared_worker())
+    kernel_ip.run_line_magic("hw", "memory")
+    graph = memory_ui.views()[-1]
     kernel_ip.run_line_magic("unload_ext", "nbhw")
     assert p.closed and panels.open_panels() == []
+    assert graph.closed and memory_ui.views() == []
     assert not [t.name for t in threading.enumerate() if t.name.startswith("nbhw")]
+    assert open_widgets() == widgets
 
 
 def test_hw_load_opens_the_panel_prefilled_on_the_load_tab(kernel_ip: Any, tiny: str) -> None:

@@ -104,7 +104,8 @@ class AttentionView:
         return [self.model, self.device, self.dtype, self.html, self.controls, self.box]
 
     def close(self) -> None:
-        """Close the widgets."""
+        """Close the widgets, their layouts and styles."""
+        from nbhw.ui.tree import close_tree
+
         self.closed = True
-        for widget in self.widgets():
-            widget.close()
+        close_tree(*self.widgets())

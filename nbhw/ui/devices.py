@@ -50,7 +50,8 @@ class DevicesView:
         return [self.button, self.html, self.box]
 
     def close(self) -> None:
-        """Close the widgets."""
+        """Close the widgets, their layouts and styles."""
+        from nbhw.ui.tree import close_tree
+
         self.closed = True
-        for widget in self.widgets():
-            widget.close()
+        close_tree(*self.widgets())

@@ -15,6 +15,7 @@ from typing import Any
 from nbhw.core import fmt, loadform
 from nbhw.core.loadform import Choices, Form, Option, Preview, Unit
 from nbhw.ui.codebox import codebox
+from nbhw.ui.tree import close_tree
 from nbhw.ui.worker import LOCK, Worker, locked
 
 DEFAULT = ""  # the dropdown value of "None" (the default): ipywidgets reads a None value as "nothing selected"
@@ -335,8 +336,7 @@ class LoadView:
             text.observe(self._changed, names="value")
             self.memory_fields[f.key] = text
         self.memory.children = list(self.memory_fields.values())
-        for widget in old.values():
-            widget.close()
+        close_tree(*old.values())
 
     def _show_form(self, form: Form) -> None:
         self.model.value = form.model
@@ -383,7 +383,6 @@ class LoadView:
         return [*self.controls(), *notes, *shown, *self.memory_fields.values(), *self._extras, *self._rows, self.box]
 
     def close(self) -> None:
-        """Close the widgets; a job still running for this view is dropped."""
+        """Close the widgets, their layouts and styles; a job still running for this view is dropped."""
         self.closed = True
-        for widget in self.widgets():
-            widget.close()
+        close_tree(*self.widgets())

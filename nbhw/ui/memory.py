@@ -198,7 +198,9 @@ class MemoryView:
     # -- lifecycle
 
     def close(self) -> None:
-        """Close the widgets; the last view to close stops the sampler."""
+        """Close the widgets (with their layouts and styles); the last view to close stops the sampler."""
+        from nbhw.ui.tree import close_tree
+
         with LOCK:
             if self.closed:
                 return
@@ -207,12 +209,9 @@ class MemoryView:
             if self in _views:
                 _views.remove(self)
             last = not _views
-            for widget in (self.figure, self.style, self.status, self.errors, self.table):
-                if widget is not None:
-                    widget.close()
             if self.box.view is self:
                 self.box.view = None
-                self.box.close()
+            close_tree(self.box, self.figure, self.style, self.status, self.errors, self.table)
         # Outside the lock: stop() joins the sampler thread, which may be waiting for the lock.
         if last:
             self.sampler.stop()
@@ -574,3 +573,11 @@ def views() -> list[MemoryView]:
     """The open views."""
     with LOCK:
         return list(_views)
+
+
+def close_all() -> None:
+    """Close every graph of this kernel, which stops the sampler (``%unload_ext nbhw``)."""
+    with LOCK:
+        _shared.clear()
+    for view in views():
+        view.close()  # outside the lock: the last one joins the sampler thread

@@ -140,9 +140,15 @@ class Panel:
             except UserError as exc:
                 import ipywidgets as w
 
-                self._memory_box.children = [w.HTML(f"<span class='nbhw-bad'>✗ {exc}</span>")]
+                self._show_in_memory_tab(w.HTML(f"<span class='nbhw-bad'>✗ {exc}</span>"))
                 return
-            self._memory_box.children = [self.memory.box]
+            self._show_in_memory_tab(self.memory.box)
+
+    def _show_in_memory_tab(self, widget: Any) -> None:
+        from nbhw.ui.tree import close_tree
+
+        old, self._memory_box.children = self._memory_box.children, [widget]
+        close_tree(*old)
 
     def close(self) -> None:
         """Close the widgets and the memory graph; the worker stops when no panel is left."""
@@ -157,9 +163,9 @@ class Panel:
         for view in (self.devices, self.attention, self.load):
             if view is not None:
                 view.close()
-        for widget in (self._memory_box, self._tabs):
-            if widget is not None:
-                widget.close()
+        from nbhw.ui.tree import close_tree
+
+        close_tree(self._memory_box, self._tabs)
         _stop_worker_if_unused()
 
     # -- text and display
