@@ -152,7 +152,8 @@ def device_map_from_text(text: str) -> DeviceMap:
     if text.startswith("{"):
         try:
             parsed = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
+        # TypeError: an unhashable key ({[1]: 0}); RecursionError / MemoryError: nesting too deep for the parser.
+        except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):
             raise UserError(f'device_map {text!r} is not a dict literal like {{"": "cpu"}}') from None
         return check_device_map(parsed)
     return check_device_map(text)
