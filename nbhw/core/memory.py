@@ -415,8 +415,9 @@ def validate(interval: float, window: float) -> int:
         raise UserError(f"window must be a positive number of seconds; got {window!r}")
     slots = math.ceil(window / interval - 1e-9)
     if slots > MAX_SLOTS:
+        many = slots if slots < 10**9 else f"{window / interval:.3g}"  # not a 300-digit number for window=1e300
         raise UserError(
-            f"window {window:g} s / interval {interval:g} s is {slots} samples; at most {MAX_SLOTS}: "
+            f"window {window:g} s / interval {interval:g} s is {many} samples; at most {MAX_SLOTS}: "
             "use a longer interval or a shorter window"
         )
     return max(2, slots)
