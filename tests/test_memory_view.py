@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -290,6 +292,16 @@ def test_closing_a_graph_closes_every_widget_it_opened_layouts_and_styles_too(re
     assert open_widgets() > before
     view.close()
     assert open_widgets() == before
+
+
+def test_a_closed_graph_is_freed_with_its_figure() -> None:
+    # Without the recording comms: they keep every widget they ever opened.
+    view = ui.monitor(interval=0.05, window=5).view()
+    refs = [weakref.ref(view), weakref.ref(view.figure), weakref.ref(view.box)]
+    view.close()
+    del view
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]
 
 
 def test_closing_the_box_closes_the_view(rec: Recorder) -> None:
