@@ -235,3 +235,18 @@ def test_the_default_model_is_the_tiny_one_when_nothing_is_cached(
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
     assert loadform.cached_models() == ["org/cached-model"]
     assert loadform.default_model() == "org/cached-model"
+
+
+def test_building_the_tiny_model_shows_no_progress_bar_and_leaves_the_settings(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from transformers.utils import logging as hf_logging
+
+    from tests.memcomm import open_widgets
+
+    widgets, bars = open_widgets(), hf_logging.is_progress_bar_enabled()
+    path = tiny_model_path(tmp_path / "tiny")
+    assert (path / "model.safetensors").is_file()
+    # In a kernel, transformers' "Writing model shards" bar was a set of widgets left open in the %hw cell.
+    assert "Writing model shards" not in capfd.readouterr().err
+    assert open_widgets() == widgets and hf_logging.is_progress_bar_enabled() == bars

@@ -125,18 +125,22 @@ def hub_offline() -> Iterator[None]:
 
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
-    """Silence transformers' logging and warnings during a dry build; problems come back as values."""
+    """Silence transformers' logging, warnings and progress bars; problems come back as values."""
     from transformers.utils import logging as hf_logging
 
     with _settings_lock:
-        level = hf_logging.get_verbosity()
+        level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
         hf_logging.set_verbosity_error()
+        # In a kernel a progress bar is a set of widgets nobody closes, shown in whichever cell runs.
+        hf_logging.disable_progress_bar()
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 yield
         finally:
             hf_logging.set_verbosity(level)
+            if bars:
+                hf_logging.enable_progress_bar()
 
 
 @dataclass

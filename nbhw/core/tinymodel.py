@@ -94,12 +94,15 @@ def build(path: Path) -> Path:
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tok, unk_token="<unk>", eos_token="<|endoftext|>", pad_token="<|endoftext|>"
     )
+    from nbhw.core.metabuild import quiet
+
     config = tiny_config(len(tokenizer), tokenizer.convert_tokens_to_ids("<|endoftext|>"))
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(config)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
+    with quiet():  # no "Writing model shards" bar: in a kernel, widgets left open in the cell that asked
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
     if path.exists():  # another process finished first
         shutil.rmtree(tmp, ignore_errors=True)
     else:
