@@ -100,15 +100,17 @@ def test_the_graph_keeps_moving_while_another_cell_sleeps_and_unload_leaves_no_t
     out, _ = kernel.run(
         "from nbhw.ui import memory as ui\nmon = nbhw.monitor(interval=0.1, window=60)\n"
         "times = mon.samples.times\nprint(int(((times >= t0) & (times <= t1)).sum()))\n"
-        "print(len(ui.views()), ui.views()[0].frames_sent)"
+        "view = ui.views()[0]\nprint(len(ui.views()), view.frames_sent)"
     )
     samples_while_asleep, views_and_frames = out.splitlines()
     assert int(samples_while_asleep) >= 20  # 3 s at 10 Hz
     views, frames = (int(x) for x in views_and_frames.split())
     assert views == 1 and frames >= 2
-    kernel.run("%unload_ext nbhw")
+    _, unloaded = kernel.run("%unload_ext nbhw")
     out, _ = kernel.run(
         "import threading\nprint([t.name for t in threading.enumerate() if t.name.startswith('nbhw')])\n"
-        "print('data-state=\"stopped\"' in ui.views()[0].status.value)"
+        "print(ui.views(), view.closed, view.figure.comm, view.box.comm)"
     )
-    assert out.splitlines() == ["[]", "True"]
+    # Unloading stops the sampler and closes the graph: its widgets' comms are closed in the front end too.
+    assert out.splitlines() == ["[]", "[] True None None"]
+    assert sum(m["msg_type"] == "comm_close" for m in unloaded) >= 6
