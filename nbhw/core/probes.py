@@ -91,25 +91,23 @@ def probe_cpu() -> Probed:
     import psutil
 
     torch = torch_module()
-    mem = psutil.virtual_memory()
     native_bf16 = cpu_native_bf16()
-    dev = DeviceInfo(
-        index=0,
-        device="cpu",
-        name=cpu_name(),
-        total_memory=int(mem.total),
-        free_memory=int(mem.available),
-        bf16=True,
-        fp16=True,
-        tf32=False,
-    )
+    dev = DeviceInfo(index=0, device="cpu", name=cpu_name(), bf16=True, fp16=True, tf32=False)
+    try:
+        mem = psutil.virtual_memory()
+        dev.total_memory, dev.free_memory = int(mem.total), int(mem.available)
+    except (psutil.Error, OSError) as exc:  # the CPU is still usable; only its memory figures are unknown
+        dev.notes.append(f"psutil could not read the machine's memory: {type(exc).__name__}: {exc}")
     if native_bf16 is False:
         dev.notes.append("bf16 runs without native support (no AVX512-BF16/AMX): expect it slower than float32")
     if torch is not None:
         with contextlib.suppress(Exception):
             dev.details["isa"] = str(torch.backends.cpu.get_cpu_capability())
         dev.details["threads"] = str(torch.get_num_threads())
-    dev.details["cores"] = str(psutil.cpu_count(logical=False) or "N/A")
+    cores = None
+    with contextlib.suppress(psutil.Error, OSError):
+        cores = psutil.cpu_count(logical=False)
+    dev.details["cores"] = str(cores or "N/A")
     return Probed(usable=True, devices=[dev])
 
 
@@ -385,24 +383,33 @@ def plugin_probe(
     return probe
 
 
+def _ask(notes: list[str], call: str, fn: Callable[[], Any]) -> Any:
+    """``fn()``, or None with a note naming the call that failed (a device that vanished, a driver error)."""
+    try:
+        return fn()
+    except Exception as exc:
+        notes.append(f"{call} failed: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
+        return None
+
+
 def _plugin_device(mod: Any, device: str, i: int) -> DeviceInfo:
-    name = None
-    total = None
-    with contextlib.suppress(Exception):
-        name = str(mod.get_device_name(i))
-    with contextlib.suppress(Exception):
-        total = int(mod.get_device_properties(i).total_memory)
-    bf16 = None
-    with contextlib.suppress(Exception):
-        bf16 = bool(mod.is_bf16_supported())
+    notes: list[str] = []
+    where = f"torch.{device}"
+    name = _ask(notes, f"{where}.get_device_name({i})", lambda: str(mod.get_device_name(i)))
+    total = _ask(notes, f"{where}.get_device_properties({i})", lambda: int(mod.get_device_properties(i).total_memory))
+    bf16 = _ask(notes, f"{where}.is_bf16_supported()", lambda: bool(mod.is_bf16_supported()))
+    free = None
+    if getattr(mod, "mem_get_info", None) is not None:
+        free = _ask(notes, f"{where}.mem_get_info({i})", lambda: int(mod.mem_get_info(i)[0]))
     return DeviceInfo(
         index=i,
         device=f"{device}:{i}",
         name=name,
         total_memory=total,
-        free_memory=_free_memory(mod, i),
+        free_memory=free,
         bf16=bf16,
         fp16=True if bf16 is not None else None,
+        notes=notes,
     )
 
 

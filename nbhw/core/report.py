@@ -113,8 +113,16 @@ def platform_facts() -> dict[str, Any]:
         "python_executable": sys.executable,
         "cpu": probes.cpu_name(),
         "cpu_count": os.cpu_count(),
-        "ram_total": int(psutil.virtual_memory().total),
+        "ram_total": _ram_total(psutil),
     }
+
+
+def _ram_total(psutil: Any) -> int | None:
+    """The machine's RAM, None when psutil may not read it (a sandbox hiding /proc/meminfo)."""
+    try:
+        return int(psutil.virtual_memory().total)
+    except (psutil.Error, OSError):
+        return None
 
 
 @dataclass
