@@ -105,7 +105,7 @@ def test_one_sample_reads_every_source_and_a_failing_one_only_loses_its_own_valu
 def test_host_source_reports_this_process_rss_and_the_machines_available_memory() -> None:
     import psutil
 
-    values = memory.HostSource().read()
+    values = {**memory.HostSource().read(), **memory.MachineSource().read()}
     assert 0 < values["rss"] < values["capacity"] == psutil.virtual_memory().total
     assert 0 < values["available"] <= values["capacity"]
     before = values["rss"]

@@ -95,27 +95,39 @@ class Source:
 
 
 class HostSource(Source):
-    """This process's resident memory and the machine's available memory (psutil)."""
+    """This process's resident memory (psutil)."""
 
-    name = "host"
+    # Apart from MachineSource: a process whose own memory psutil may not read still sees the machine's, and the
+    # other way round (a sandbox hiding /proc/meminfo); each failure shows under its own name.
+    name = "host (this process, psutil)"
     device = "host"
-    kinds = ("rss", "available", "capacity")
+    kinds = ("rss",)
     primary = "rss"
 
     def __init__(self) -> None:
         import psutil
 
-        self._psutil = psutil
         self._process = psutil.Process()
 
     def read(self) -> dict[str, int]:
-        vm = self._psutil.virtual_memory()
-        rss = self._process.memory_info().rss
-        return {"rss": int(rss), "available": int(vm.available), "capacity": int(vm.total)}
+        return {"rss": int(self._process.memory_info().rss)}
 
-    def read_primary(self) -> int:
-        # The machine-wide figures cost most of a read; a cell needs only this process's RSS.
-        return int(self._process.memory_info().rss)
+
+class MachineSource(Source):
+    """The machine's available and total memory (psutil)."""
+
+    name = "host (machine, psutil)"
+    device = "host"
+    kinds = ("available", "capacity")
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._psutil = psutil
+
+    def read(self) -> dict[str, int]:
+        vm = self._psutil.virtual_memory()
+        return {"available": int(vm.available), "capacity": int(vm.total)}
 
 
 @dataclass(frozen=True)
@@ -244,12 +256,12 @@ def _nvml_sources() -> list[Source]:
 
 def machine_sources() -> list[Source]:
     """The host and every NVIDIA GPU by nvidia-smi index (NVML): what a process holding no device memory watches."""
-    return [HostSource(), *_nvml_sources()]
+    return [HostSource(), MachineSource(), *_nvml_sources()]
 
 
 def discover_sources() -> list[Source]:
     """The host, then every usable device; without torch imported, NVIDIA GPUs by nvidia-smi index (NVML only)."""
-    sources: list[Source] = [HostSource()]
+    sources: list[Source] = [HostSource(), MachineSource()]
     torch = sys.modules.get("torch")
     if torch is None:
         return sources + _nvml_sources()
@@ -428,7 +440,7 @@ class Sampler:
 
     ``start()`` / ``stop()`` (idempotent, joins) may be called any number of times; subscribers are called
     on the sampler thread after every tick and on the caller's thread when it starts or stops. A source that
-    raises leaves its traces empty for that tick; its first error is kept in ``errors``.
+    raises leaves its traces empty for that tick; its first error is kept in ``errors`` until it answers again.
     """
 
     def __init__(
@@ -567,13 +579,18 @@ class Sampler:
 
     def tick(self, tick: int | None = None) -> Sample:
         """Take one sample into the ring as tick number ``tick`` (default: the next), then notify subscribers."""
-        sample = take_sample(self.sources())
+        sources = self.sources()
+        sample = take_sample(sources)
         with self._lock:
             number = self._ring.last_tick + 1 if tick is None else tick
             if number > self._ring.last_tick:
                 self._ring.put(number, sample.values)
                 for name, message in sample.errors.items():
                     self.errors.setdefault(name, message)
+                # A source that answers again (a GPU back after a driver reset) is no longer missing.
+                for source in sources:
+                    if source.name not in sample.errors:
+                        self.errors.pop(source.name, None)
                 self.latest = dict(sample.values)
                 self.ticks_taken += 1
         self._notify()
