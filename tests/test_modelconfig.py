@@ -47,13 +47,20 @@ def test_uncached_hub_id_offline_says_so_and_never_downloads(monkeypatch: pytest
 
 
 def test_online_fetch_failure_is_a_problem_not_an_exception(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+
     def unreachable(*args: object, **kwargs: object) -> str:
+        calls.append("HEAD")
         raise OSError("network unreachable")
 
+    monkeypatch.setattr("huggingface_hub.get_hf_file_metadata", unreachable)
     monkeypatch.setattr("huggingface_hub.hf_hub_download", unreachable)
+    monkeypatch.setattr(modelconfig, "_unreachable", {})
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     found = modelconfig.load("nobody/not-cached-model")
-    assert not found.available and "could not fetch" in (found.problem or "")
+    assert not found.available and "could not fetch" in (found.problem or "") and "HF_HUB_OFFLINE=1" in found.problem
+    # For a minute, other ids don't ask again: the panel re-plans on every change.
+    assert "the Hub did not answer" in (modelconfig.load("nobody/other-model").problem or "") and calls == ["HEAD"]
 
 
 def test_remote_code_configs_are_refused(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ Nothing else is ever fetched: no weights, no code. Configs that need remote code
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,12 +111,35 @@ def load(model: str, *, offline: bool = False) -> ModelConfig:
 
 
 def _from_hub(model: str) -> ModelConfig:
-    from huggingface_hub import hf_hub_download
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url
+    from huggingface_hub.errors import HfHubHTTPError
 
+    endpoint = constants.ENDPOINT
+    down = _unreachable.get(endpoint)
+    if down is not None and time.monotonic() - down[0] < HUB_RETRY_AFTER:
+        return ModelConfig(model, None, None, _unreachable_problem(model, down[1]))
     try:
+        # One HEAD request without retries first: when the network is down, hf_hub_download retries the
+        # connection with back-off for about 23 s before giving up.
+        get_hf_file_metadata(hf_hub_url(model, "config.json"), timeout=5)
         path = hf_hub_download(model, "config.json", etag_timeout=5)
         return ModelConfig(model, _from_pretrained(str(Path(str(path)).parent)), HUB)
-    except Exception as exc:
+    except HfHubHTTPError as exc:  # the Hub answered: no such repo, gated, ...
         return ModelConfig(
             model, None, None, f"config not available: could not fetch {model}'s config.json ({_explain(exc)})"
         )
+    except Exception as exc:  # no answer at all: don't ask again for a while (the panel re-plans on every change)
+        _unreachable[endpoint] = (time.monotonic(), _explain(exc))
+        return ModelConfig(model, None, None, _unreachable_problem(model, _explain(exc)))
+
+
+# Endpoint -> (monotonic time, why) of the last attempt that got no answer from the Hub.
+_unreachable: dict[str, tuple[float, str]] = {}
+HUB_RETRY_AFTER = 60.0
+
+
+def _unreachable_problem(model: str, why: str) -> str:
+    return (
+        f"config not available: could not fetch {model}'s config.json: the Hub did not answer ({why}); "
+        "working offline, set HF_HUB_OFFLINE=1 or pass --offline"
+    )
