@@ -498,3 +498,18 @@ def test_nbhw_attention_is_the_public_entry_point() -> None:
 
     assert nbhw.attention is advise and "attention" in dir(nbhw)
     assert isinstance(nbhw.attention(device="cpu"), nbhw.AttentionAdvice)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_kernel_example_is_valid_python_for_a_folder_with_quotes_and_backslashes(
+    tmp_path: Path, device: str
+) -> None:
+    from nbhw.core.tinymodel import tiny_model_path
+
+    folder = tmp_path / "we\"ird \\ name's model"
+    folder.mkdir()
+    (folder / "config.json").write_text((tiny_model_path() / "config.json").read_text())
+    example = advise(str(folder), device=device).kernels.example
+    tree = ast.parse(example)  # was: from_pretrained("<path>") with the path's quote ending the string
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "from_pretrained"]
+    assert [ast.literal_eval(c.args[0]) for c in calls] == [str(folder)]

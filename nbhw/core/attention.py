@@ -639,10 +639,13 @@ def _kernels_advice(env: Env, example_model: str) -> KernelsAdvice:
 def _kernel_example(
     device_key: str, keys: list[str], layers: list[KernelEntry], model_layers: list[str], model: str
 ) -> str:
+    from nbhw.core.codegen import py_str
+
+    name = py_str(model)  # a folder may hold quotes or backslashes: the example stays valid Python
     if device_key not in keys:
         return (
             f"# KernelConfig accepts device keys {', '.join(keys)}; {device_key} is not one of them.\n"
-            f'model = AutoModelForCausalLM.from_pretrained("{model}", use_kernels=True)'
+            f"model = AutoModelForCausalLM.from_pretrained({name}, use_kernels=True)"
         )
     if not model_layers:
         return "# this model class marks no layer for Hub kernels: use_kernels=True would change nothing"
@@ -652,7 +655,7 @@ def _kernel_example(
     return lead + (
         "from transformers import AutoModelForCausalLM, KernelConfig\n"
         f'kernel_config = KernelConfig(kernel_mapping={{"{layer}": {{"{device_key}": "{repo}"}}}})\n'
-        f'model = AutoModelForCausalLM.from_pretrained("{model}", use_kernels=True, kernel_config=kernel_config)'
+        f"model = AutoModelForCausalLM.from_pretrained({name}, use_kernels=True, kernel_config=kernel_config)"
     )
 
 
