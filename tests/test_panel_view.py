@@ -288,6 +288,24 @@ def test_the_panel_has_four_tabs_and_closing_it_stops_everything(tiny: str) -> N
     p.close()  # idempotent
 
 
+def test_a_panel_that_fails_while_being_built_leaves_no_widget_and_no_thread(
+    tiny: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nbhw.ui import load
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("a bug in the Load tab")
+
+    widgets = open_widgets()
+    monkeypatch.setattr(load, "LoadView", broken)
+    p = nbhw.panel(tiny)
+    with pytest.raises(RuntimeError, match="a bug in the Load tab"):
+        p.widget  # noqa: B018 (building it is the point)
+    assert panels.open_panels() == [] and not panels._workers
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("nbhw")]
+    assert open_widgets() == widgets  # the Devices and Attention tabs made before it are closed
+
+
 def test_a_bad_tab_is_a_user_error_naming_the_tabs() -> None:
     with pytest.raises(nbhw.UserError, match="valid: Devices, Memory, Attention, Load"):
         nbhw.panel("org/model", tab="Plots")

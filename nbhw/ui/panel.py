@@ -95,6 +95,27 @@ class Panel:
         return self._tabs
 
     def _build(self) -> None:
+        if self.closed:
+            raise UserError("this panel was closed; run %hw or nbhw.panel() for a new one")
+        worker = shared_worker()
+        try:
+            self._make(worker)
+        except BaseException:
+            # Never half a panel: what was made is closed, and the worker stops unless another panel uses it.
+            self._discard()
+            raise
+
+    def _discard(self) -> None:
+        from nbhw.ui.tree import close_tree
+
+        for view in (self.devices, self.attention, self.load):
+            if view is not None:
+                view.close()
+        close_tree(self._memory_box, self._tabs)
+        self.devices = self.attention = self.load = self._memory_box = self._tabs = None
+        _stop_worker_if_unused()
+
+    def _make(self, worker: Worker) -> None:
         import ipywidgets as w
 
         from nbhw.core.loadform import cached_models
@@ -102,9 +123,6 @@ class Panel:
         from nbhw.ui.devices import DevicesView
         from nbhw.ui.load import LoadView
 
-        if self.closed:
-            raise UserError("this panel was closed; run %hw or nbhw.panel() for a new one")
-        worker = shared_worker()
         models = list(dict.fromkeys([self.form.model, *cached_models()]))
         self.devices = DevicesView(worker)
         self._memory_box = w.VBox([w.HTML(MEMORY_WAITING)])
@@ -117,11 +135,11 @@ class Panel:
         tabs.add_class("nbhw-panel")
         tabs.add_class("nbhw")
         tabs.observe(self._tab_selected, names="selected_index")
-        with _lock:
-            _open.append(self)
         self._tabs = tabs
         if self.tab == "Memory":
             self._start_memory()
+        with _lock:
+            _open.append(self)
 
     def _tab_selected(self, change: Any) -> None:
         if change["new"] == TABS.index("Memory"):
