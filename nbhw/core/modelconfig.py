@@ -77,7 +77,12 @@ def kind(model: str) -> str:
 def _from_pretrained(where: str, **kwargs: Any) -> Any:
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(where, trust_remote_code=False, **kwargs)
+    from nbhw.core.metabuild import quiet
+
+    # Quiet: transformers logs about odd configs (an unknown rope type) from whichever thread reads them, the
+    # panel's worker included; what matters comes back as the problem or the dry run.
+    with quiet():
+        return AutoConfig.from_pretrained(where, trust_remote_code=False, **kwargs)
 
 
 def _explain(exc: Exception) -> str:
