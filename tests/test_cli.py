@@ -11,6 +11,7 @@ import pytest
 
 from nbhw.__main__ import main
 from nbhw.core.report import SCHEMA_PATH, accelerate_config_file, report
+from tests.fakes import FakeGpu, FakeHardware
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -104,3 +105,20 @@ def test_detection_never_imports_transformers_or_accelerate() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_report_asks_cudnn_its_version_without_initialising_cuda(
+    fake_hw: FakeHardware, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import types
+
+    import torch
+
+    fake_hw.nvidia(FakeGpu())
+
+    def initialises_cuda() -> int:
+        raise AssertionError("torch.backends.cudnn.version() checks every GPU's capability: it initialises CUDA")
+
+    monkeypatch.setattr(torch.backends.cudnn, "version", initialises_cuda)
+    monkeypatch.setattr(torch._C, "_cudnn", types.SimpleNamespace(getVersionInt=lambda: 91002), raising=False)
+    assert report().cudnn == "91002"

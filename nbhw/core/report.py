@@ -94,8 +94,11 @@ def _cudnn() -> str | None:
     torch = sys.modules.get("torch")
     if torch is None or probes.torch_build(torch) == "CPU":
         return None
+    # Not torch.backends.cudnn.version(): in recent torch (2.11 here) its first call checks every GPU's compute
+    # capability, which initialises CUDA: a context on the GPU, seen on an H200. The library's own answer does not.
+    cudnn = getattr(torch._C, "_cudnn", None)
     try:
-        v = torch.backends.cudnn.version()
+        v = cudnn.getVersionInt() if cudnn is not None else None
     except Exception:
         return None
     return str(v) if v else None
