@@ -94,8 +94,9 @@ def _cudnn() -> str | None:
     torch = sys.modules.get("torch")
     if torch is None or probes.torch_build(torch) == "CPU":
         return None
-    # Not torch.backends.cudnn.version(): in recent torch (2.11 here) its first call checks every GPU's compute
-    # capability, which initialises CUDA: a context on the GPU, seen on an H200. The library's own answer does not.
+    # Not torch.backends.cudnn.version(): its first call (torch 2.13's backends/cudnn/__init__.py, _init) asks
+    # torch.cuda.get_device_capability for every GPU, which initialises CUDA and creates a context on the GPU.
+    # The cuDNN library's own answer does not touch the devices.
     cudnn = getattr(torch._C, "_cudnn", None)
     try:
         v = cudnn.getVersionInt() if cudnn is not None else None
