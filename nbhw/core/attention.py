@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbhw.core import kernelmap, metabuild, precision
 from nbhw.core.errors import UserError
+from nbhw.core.fmt import Shown
 from nbhw.core.hardware import DeviceInfo, to_plain
 from nbhw.core.kernelmap import KernelEntry
 from nbhw.core.precision import DtypeAdvice
@@ -501,7 +502,7 @@ class KernelsAdvice:
 
 
 @dataclass
-class AttentionAdvice:
+class AttentionAdvice(Shown):
     """The advisor's answer; renders as a table in Jupyter and as text elsewhere; ``to_dict()`` for JSON."""
 
     model: str | None
@@ -546,15 +547,6 @@ class AttentionAdvice:
         from nbhw.core import attnview
 
         return attnview.html(self)
-
-    def __str__(self) -> str:
-        return self.text()
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        return {"text/plain": self.text(), "text/html": self.html()}
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.text())
 
 
 def registry_keys() -> list[str]:

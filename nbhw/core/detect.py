@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nbhw.core import backends, choice, envcheck, nvml, probes
+from nbhw.core.fmt import Shown
 from nbhw.core.hardware import BackendStatus, Choice, DeviceInfo, EnvAnalysis, TorchBuild, to_plain
 
 
@@ -25,7 +26,7 @@ def torch_build() -> TorchBuild:
 
 
 @dataclass
-class Hardware:
+class Hardware(Shown):
     """What PyTorch and Transformers can use here. Renders itself as HTML in Jupyter and as text elsewhere."""
 
     torch: TorchBuild
@@ -77,15 +78,6 @@ class Hardware:
         from nbhw.core import views
 
         return views.hardware_html(self)
-
-    def __str__(self) -> str:
-        return self.text()
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        return {"text/plain": self.text(), "text/html": self.html()}
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.text())
 
 
 def detect() -> Hardware:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
+from typing import Any
 
 GIB = 1024**3
 MIB = 1024**2
@@ -49,3 +50,25 @@ def html_table(headers: Sequence[str], rows: Sequence[Sequence[str]], css_class:
     head = "".join(f"<th>{esc(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows)
     return f'<table class="{css_class}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+class Shown:
+    """A result that shows as HTML in Jupyter and as aligned text in a terminal or ``print``.
+
+    Subclasses give ``text()`` and ``html()``; IPython picks the form its front end can show.
+    """
+
+    def text(self) -> str:
+        raise NotImplementedError
+
+    def html(self) -> str:
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        return {"text/plain": self.text(), "text/html": self.html()}
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(self.text())

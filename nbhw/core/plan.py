@@ -17,6 +17,7 @@ from typing import Any
 
 from nbhw.core import codegen, metabuild, modelconfig
 from nbhw.core.estimate import Estimate
+from nbhw.core.fmt import Shown
 from nbhw.core.loadargs import DISK, QUANTIZATION, LoadArgs, load_args
 from nbhw.core.placement import LiveMemory, Placement
 from nbhw.core.quantsize import PlanningQuantizer
@@ -91,7 +92,7 @@ def weights_dtype(model: str, source: str | None) -> str | None:
     return str(get_state_dict_dtype(state)).removeprefix("torch.")
 
 
-class LoadPlan:
+class LoadPlan(Shown):
     """A from_pretrained plan: ``.code``, ``.check()``, ``.estimate``, ``.placement``; renders as a report.
 
     Properties are computed on first use and kept: ``.placement`` reads free memory at that moment.
@@ -341,31 +342,19 @@ class LoadPlan:
         """A displayable report of this plan (``code=False``: without the cell, e.g. when it was just emitted)."""
         return PlanView(self, code=code)
 
-    def __str__(self) -> str:
-        return self.text()
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        return {"text/plain": self.text(), "text/html": self.html()}
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.text())
-
-
-class PlanView:
+class PlanView(Shown):
     """A plan's report with or without its code; renders as HTML in Jupyter and as text elsewhere."""
 
     def __init__(self, plan: LoadPlan, *, code: bool) -> None:
         self.plan = plan
         self.code = code
 
-    def __str__(self) -> str:
+    def text(self) -> str:
         return self.plan.text(code=self.code)
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        return {"text/plain": self.plan.text(code=self.code), "text/html": self.plan.html(code=self.code)}
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.plan.text(code=self.code))
+    def html(self) -> str:
+        return self.plan.html(code=self.code)
 
 
 def from_words(args: Any) -> LoadPlan:

@@ -19,7 +19,7 @@ from typing import Any
 from nbhw._version import __version__
 from nbhw.core import probes
 from nbhw.core.detect import Hardware, detect
-from nbhw.core.fmt import size, text_table
+from nbhw.core.fmt import Shown, size, text_table
 
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
@@ -130,7 +130,7 @@ def _ram_total(psutil: Any) -> int | None:
 
 
 @dataclass
-class Report:
+class Report(Shown):
     """A bug-report-ready description of this environment."""
 
     generated_at: str
@@ -190,15 +190,6 @@ class Report:
         from nbhw.core.fmt import esc
 
         return f'<div class="nbhw nbhw-report"><pre>{esc(self.text())}</pre></div>'
-
-    def __str__(self) -> str:
-        return self.text()
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        return {"text/plain": self.text(), "text/html": self.html()}
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.text())
 
 
 def report(hardware: Hardware | None = None) -> Report:
