@@ -12,14 +12,14 @@ from nbhw._version import __version__
 
 # Public name -> "module:attribute", imported on first use.
 _LAZY = {
-    "attention": "nbhw.core.attention:advise",
-    "AttentionAdvice": "nbhw.core.attention:AttentionAdvice",
-    "detect": "nbhw.core.detect:detect",
-    "Hardware": "nbhw.core.detect:Hardware",
-    "report": "nbhw.core.report:report",
+    "attention": "nbhw.core.advice.attention:advise",
+    "AttentionAdvice": "nbhw.core.advice.attention:AttentionAdvice",
+    "detect": "nbhw.core.hardware.detect:detect",
+    "Hardware": "nbhw.core.hardware.detect:Hardware",
+    "report": "nbhw.core.hardware.report:report",
     "UserError": "nbhw.core.errors:UserError",
-    "plan": "nbhw.core.plan:plan",
-    "LoadPlan": "nbhw.core.plan:LoadPlan",
+    "plan": "nbhw.core.plan.load_plan:plan",
+    "LoadPlan": "nbhw.core.plan.load_plan:LoadPlan",
     "monitor": "nbhw.ui.memory:monitor",
     "Monitor": "nbhw.ui.memory:Monitor",
     "panel": "nbhw.ui.panel:panel",

@@ -7,14 +7,14 @@ import gc
 import sys
 from collections.abc import Sequence
 
-from nbhw import words
+from nbhw import commands
 from nbhw.core.errors import UserError
 
 
 def _devices(args: argparse.Namespace) -> int:
     import json
 
-    from nbhw.core.detect import detect
+    from nbhw.core.hardware.detect import detect
 
     hardware = detect()
     print(json.dumps(hardware.to_dict(), indent=2) if args.json else hardware.text())
@@ -22,7 +22,7 @@ def _devices(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from nbhw.core.report import report
+    from nbhw.core.hardware.report import report
 
     result = report()
     print(result.json() if args.json else result.text())
@@ -32,7 +32,7 @@ def _report(args: argparse.Namespace) -> int:
 def _attention(args: argparse.Namespace) -> int:
     import json
 
-    from nbhw.core.attention import advise
+    from nbhw.core.advice.attention import advise
 
     advice = advise(args.model, device=args.device, dtype=args.dtype, kernel=args.kernel, offline=args.offline)
     print(json.dumps(advice.to_dict(), indent=2) if args.json else advice.text())
@@ -42,7 +42,7 @@ def _attention(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     import json
 
-    from nbhw.core.plan import from_words
+    from nbhw.core.plan.load_plan import from_words
 
     plan = from_words(args)
     print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.text())
@@ -54,14 +54,14 @@ COMMANDS = {"devices": _devices, "report": _report, "attention": _attention, "pl
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return the exit code."""
-    parser = words.cli_parser()
+    parser = commands.cli_parser()
     try:
-        args = words.parse(parser, sys.argv[1:] if argv is None else argv)
+        args = commands.parse(parser, sys.argv[1:] if argv is None else argv)
         if args.command is None:
             parser.print_help()
             return 2
         return COMMANDS[args.command](args)
-    except words.HelpShown:
+    except commands.HelpShown:
         return 0
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)

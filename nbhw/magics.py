@@ -12,7 +12,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.display import display
 from traitlets import Float
 
-from nbhw import words
+from nbhw import commands
 from nbhw.core.errors import UserError
 
 
@@ -31,14 +31,14 @@ class HwMagics(Magics):
     @line_magic
     def hw(self, line: str = "") -> None:
         try:
-            args = words.parse(words.magic_parser(), words.split(line))
+            args = commands.parse(commands.magic_parser(), commands.split(line))
             getattr(self, f"_run_{args.command or 'panel'}")(args)
         except UserError as exc:
             raise UsageError(str(exc)) from None
-        except words.HelpShown:
-            print(words.magic_help())
+        except commands.HelpShown:
+            print(commands.magic_help())
 
-    hw.__doc__ = words.magic_help()
+    hw.__doc__ = commands.magic_help()
 
     def _run_panel(self, args: argparse.Namespace) -> None:
         from nbhw.ui.panel import panel
@@ -50,7 +50,7 @@ class HwMagics(Magics):
             print(shown.text())
 
     def _run_devices(self, args: argparse.Namespace) -> None:
-        from nbhw.core.detect import detect
+        from nbhw.core.hardware.detect import detect
 
         hardware = detect()
         if args.json:
@@ -59,7 +59,7 @@ class HwMagics(Magics):
             display(hardware)
 
     def _run_report(self, args: argparse.Namespace) -> None:
-        from nbhw.core.report import report
+        from nbhw.core.hardware.report import report
 
         result = report()
         if args.json:
@@ -83,7 +83,7 @@ class HwMagics(Magics):
             print(monitor.text())
 
     def _run_attention(self, args: argparse.Namespace) -> None:
-        from nbhw.core.attention import advise
+        from nbhw.core.advice.attention import advise
 
         advice = advise(args.model, device=args.device, dtype=args.dtype, kernel=args.kernel, offline=args.offline)
         if args.json:
@@ -92,7 +92,7 @@ class HwMagics(Magics):
             display(advice)
 
     def _run_load(self, args: argparse.Namespace) -> None:
-        from nbhw.core.plan import from_words
+        from nbhw.core.plan.load_plan import from_words
 
         plan = from_words(args)  # a mistake in the words is a UsageError here, not a message in a panel
         if args.emit:

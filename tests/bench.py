@@ -280,7 +280,7 @@ def verdict(met: bool | None) -> str:
 
 
 def print_table(title: str, headers: tuple[str, ...], rows: list[list[str]]) -> None:
-    from nbhw.core.fmt import text_table
+    from nbhw.core.render import text_table
 
     print(f"\n{title}")
     print(text_table(headers, rows, indent="  "), flush=True)

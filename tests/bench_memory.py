@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from nbhw.core import memory
-from nbhw.core.fmt import GIB, MIB
+from nbhw.core.render import GIB, MIB
 from nbhw.ui import memory as ui
 from tests.memcomm import counter_bytes, recording_comms
 

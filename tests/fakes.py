@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from nbhw.core import nvml
+from nbhw.core.hardware import nvml
 
 GIB = 1024**3
 

@@ -17,10 +17,11 @@ import pytest
 from IPython.core.error import UsageError
 
 from nbhw.__main__ import main
-from nbhw.core import attention, kernelmap, metabuild
-from nbhw.core.attention import DEPENDS, DOWNLOAD, HUB, STATUSES, WONT, WORKS, advise
+from nbhw.core.advice import attention
+from nbhw.core.advice.attention import DEPENDS, DOWNLOAD, HUB, STATUSES, WONT, WORKS, advise
 from nbhw.core.errors import UserError
-from nbhw.core.libsource import library_file
+from nbhw.core.hf import kernel_tables, meta_build
+from nbhw.core.hf.library_source import library_file
 from tests.fakes import FakeGpu
 
 # ---------------------------------------------------------------- tiny local models
@@ -118,13 +119,13 @@ def fake_kernels_package(monkeypatch: pytest.MonkeyPatch) -> None:
 def record_builds(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Every attn_implementation nbhw builds with."""
     built: list[Any] = []
-    real = metabuild.build
+    real = meta_build.build
 
-    def build(config: Any, **kwargs: Any) -> metabuild.MetaBuild:
+    def build(config: Any, **kwargs: Any) -> meta_build.MetaBuild:
         built.append(kwargs.get("attn_implementation"))
         return real(config, **kwargs)
 
-    monkeypatch.setattr(metabuild, "build", build)
+    monkeypatch.setattr(meta_build, "build", build)
     return built
 
 
@@ -196,7 +197,7 @@ def test_without_a_model_the_hardware_alone_is_checked_with_the_reference_class(
 def test_kernels_out_of_range_turns_every_hub_feature_off_and_says_the_range() -> None:
     from transformers.utils import import_utils
 
-    ok, _ = metabuild.kernels_status()
+    ok, _ = meta_build.kernels_status()
     assert not ok  # this machine: kernels missing or outside transformers' range
     adv = advise(device="cpu")
     rng = f"kernels>={import_utils.KERNELS_MIN_VERSION},<{import_utils.KERNELS_MAX_VERSION}"
@@ -370,21 +371,21 @@ def test_kernel_mapping_read_with_ast_equals_running_transformers_code_with_stan
         "CUDAProperties": dict,
         "ROCMProperties": dict,
     }
-    exec(_function_source(kernelmap.HUB_KERNELS_FILE, "_build_kernel_mapping"), namespace)
+    exec(_function_source(kernel_tables.HUB_KERNELS_FILE, "_build_kernel_mapping"), namespace)
     ran = namespace["_build_kernel_mapping"]()
     expected = set()
     for layer, devices in ran.items():
         for device, repo in devices.items():
             repos = repo.values() if isinstance(repo, dict) else [repo]
             expected |= {(layer, device, r) for r in repos}
-    mapping = kernelmap.default_mapping()
+    mapping = kernel_tables.default_mapping()
     assert mapping.problem is None
     read = {(e.layer, e.device, r) for e in mapping.entries for r in e.repos}
     assert read == expected and len(read) > 20
 
 
 def fallback_by_running_the_source(*, rocm: bool) -> dict[str, str]:
-    path = library_file("transformers", kernelmap.FLASH_UTILS_FILE)
+    path = library_file("transformers", kernel_tables.FLASH_UTILS_FILE)
     assert path is not None
     text = path.read_text(encoding="utf-8")
     node = next(
@@ -400,7 +401,7 @@ def fallback_by_running_the_source(*, rocm: bool) -> dict[str, str]:
 
 @pytest.mark.parametrize("rocm", [True, False])
 def test_flash_kernel_fallback_for_either_platform(rocm: bool) -> None:
-    assert kernelmap.flash_kernel_fallback(rocm=rocm) == fallback_by_running_the_source(rocm=rocm)
+    assert kernel_tables.flash_kernel_fallback(rocm=rocm) == fallback_by_running_the_source(rocm=rocm)
 
 
 def test_kernels_section_names_the_model_layers_and_a_valid_device_key(fake_hw: Any, models: dict[str, Path]) -> None:
@@ -504,7 +505,7 @@ def test_nbhw_attention_is_the_public_entry_point() -> None:
 def test_the_kernel_example_is_valid_python_for_a_folder_with_quotes_and_backslashes(
     tmp_path: Path, device: str
 ) -> None:
-    from nbhw.core.tinymodel import tiny_model_path
+    from nbhw.core.hf.tiny_model import tiny_model_path
 
     folder = tmp_path / "we\"ird \\ name's model"
     folder.mkdir()

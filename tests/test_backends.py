@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nbhw.core import backends, detect
-from nbhw.core.hardware import BackendStatus
+from nbhw.core.hardware import backends, detect
+from nbhw.core.hardware.data import BackendStatus
 from tests.fakes import GIB, FakeGpu, FakeHardware
 
 TABLE = ("cpu", "cuda", "rocm", "neuron", "tpu", "xpu", "mps", "hpu", "npu", "mlu", "musa")
@@ -344,7 +344,7 @@ def test_extra_rows_appear_only_when_their_package_is_installed(fake_hw: FakeHar
 def test_a_vendor_adds_a_row_through_the_entry_point_group(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.metadata
 
-    from nbhw.core.hardware import DeviceInfo, Probed
+    from nbhw.core.hardware.data import DeviceInfo, Probed
 
     vendor = backends.Backend(
         "qpu", "Quantum PU", "qpu", "torch-qpu", "torch", lambda: Probed(True, devices=[DeviceInfo(0, "qpu:0", "Q1")])

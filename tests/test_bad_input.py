@@ -25,9 +25,9 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from IPython.core.error import UsageError
 
-from nbhw import words
+from nbhw import commands
 from nbhw.__main__ import main
-from nbhw.core.tinymodel import tiny_model_path
+from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.ui import panel as panels
 from tests.memcomm import open_widgets
 
@@ -297,7 +297,7 @@ def test_bare_hw_with_any_words_is_the_panel_or_a_one_line_usage_error(
     shell: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: Counter[str] = Counter()
-    every = [*QUOTES, *words.MAGIC_COMMANDS, "plan", "-h", "--help"]
+    every = [*QUOTES, *commands.MAGIC_COMMANDS, "plan", "-h", "--help"]
 
     @SETTINGS
     @seed(1)
@@ -423,13 +423,13 @@ def test_bare_cli_with_any_words_is_exit_2_with_one_line(
 ) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     seen: Counter[str] = Counter()
-    every = [*QUOTES, *words.CLI_COMMANDS, "load", "memory"]
+    every = [*QUOTES, *commands.CLI_COMMANDS, "load", "memory"]
 
     @SETTINGS
     @seed(2)
     @given(argv=st.lists(st.one_of(RANDOM_WORDS, UNKNOWN_OPTIONS, st.sampled_from(every)), max_size=3))
     def lines(argv: list[str]) -> None:
-        if argv and argv[0] in words.CLI_COMMANDS:
+        if argv and argv[0] in commands.CLI_COMMANDS:
             argv = ["--bogus", *argv]  # the subcommands' valid lines are the tests above
         if any(a in {"-h", "--help"} or (a.startswith("--h") and "--help".startswith(a)) for a in argv):
             argv = [a for a in argv if not a.startswith("-h") and not a.startswith("--h")]

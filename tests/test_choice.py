@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from nbhw.core import choice, detect, libsource
-from nbhw.core.tinymodel import tiny_model_path
+from nbhw.core.hardware import detect, who_picks
+from nbhw.core.hf import library_source
+from nbhw.core.hf.tiny_model import tiny_model_path
 from tests.fakes import FakeGpu, FakeHardware
 
 
@@ -34,10 +35,10 @@ def _fresh_trainer_device(tmp_path: Path) -> torch.device:
 
 
 def test_orders_are_read_from_the_installed_libraries() -> None:
-    trainer = libsource.trainer_order()
-    pipe = libsource.pipeline_order()
-    auto = libsource.auto_memory_order()
-    acc = libsource.accelerate_default_order()
+    trainer = library_source.trainer_order()
+    pipe = library_source.pipeline_order()
+    auto = library_source.auto_memory_order()
+    acc = library_source.accelerate_default_order()
     assert trainer and pipe and auto and acc
     assert [s.probe for s in trainer.steps] == [
         "mps",
@@ -72,13 +73,13 @@ def test_a_changed_library_order_changes_the_answer(tmp_path: Path, monkeypatch:
         "        return device\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    order = libsource.read_order("fakelib", "training_args.py", "TrainingArguments._setup_devices")
+    order = library_source.read_order("fakelib", "training_args.py", "TrainingArguments._setup_devices")
     assert order is not None
     assert [(s.probe, s.device) for s in order.steps] == [("cuda", "cuda:0"), ("xpu", "xpu:0"), ("else", "cpu")]
 
 
 def test_an_unreadable_order_is_reported_not_guessed() -> None:
-    c = choice.trainer([], None)
+    c = who_picks.trainer([], None)
     assert c.device == "unknown" and "does not guess" in c.why
 
 
@@ -190,8 +191,8 @@ def test_mps_replaces_the_cpu_budget_in_auto(fake_hw: FakeHardware) -> None:
 
 
 def test_accelerate_memory_probe_still_swaps_cpu_for_mps() -> None:
-    path = libsource.library_file("accelerate", "utils/modeling.py")
-    source = libsource.function_source(path, "get_max_memory") if path else None
+    path = library_source.library_file("accelerate", "utils/modeling.py")
+    source = library_source.function_source(path, "get_max_memory") if path else None
     assert source is not None and 'max_memory["mps"]' in source and 'max_memory["cpu"]' in source
 
 
@@ -208,7 +209,7 @@ def test_neuron_and_tpu_get_the_explicit_device_map_note(fake_hw: FakeHardware) 
 
 def test_torch_default_device_changes_from_pretrained(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch, "get_default_device", lambda: torch.device("meta"))
-    c = choice.from_pretrained_default()
+    c = who_picks.from_pretrained_default()
     assert c.device == "meta" and "set_default_device" in c.why
 
 

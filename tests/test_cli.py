@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from nbhw.__main__ import main
-from nbhw.core.report import SCHEMA_PATH, accelerate_config_file, report
+from nbhw.core.hardware.report import SCHEMA_PATH, accelerate_config_file, report
 from tests.fakes import FakeGpu, FakeHardware
 
 

@@ -7,11 +7,11 @@ import types
 import pytest
 import torch
 
-from nbhw.core import detect, envcheck
+from nbhw.core.hardware import detect, environment
 from tests.fakes import FakeGpu, FakeHardware
 
 
-def analysis() -> envcheck.EnvAnalysis:
+def analysis() -> environment.EnvAnalysis:
     return detect.detect().env
 
 

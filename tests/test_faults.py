@@ -24,10 +24,10 @@ import pytest
 import torch
 
 from nbhw.core import memory
-from nbhw.core.detect import detect
-from nbhw.core.loadform import Form
-from nbhw.core.report import SCHEMA_PATH, report
-from nbhw.core.tinymodel import tiny_model_path
+from nbhw.core.hardware.detect import detect
+from nbhw.core.hardware.report import SCHEMA_PATH, report
+from nbhw.core.hf.tiny_model import tiny_model_path
+from nbhw.core.plan.load_form import Form
 from nbhw.ui import memory as memory_ui
 from nbhw.ui.attention import advice_html
 from nbhw.ui.devices import devices_html

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from nbhw.core import modelconfig
 from nbhw.core.errors import UserError
-from nbhw.core.tinymodel import tiny_model_path
+from nbhw.core.hf import model_config
+from nbhw.core.hf.tiny_model import tiny_model_path
 
 
 def test_local_folder_loads_its_config() -> None:
-    found = modelconfig.load(str(tiny_model_path()))
-    assert found.available and found.source == modelconfig.LOCAL
+    found = model_config.load(str(tiny_model_path()))
+    assert found.available and found.source == model_config.LOCAL
     assert found.config.model_type == "qwen3" and found.config.num_hidden_layers == 2
 
 
@@ -29,8 +29,8 @@ def test_hf_cache_is_used_without_network(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    found = modelconfig.load("acme/tiny")
-    assert found.available and found.source == modelconfig.CACHE, found.problem
+    found = model_config.load("acme/tiny")
+    assert found.available and found.source == model_config.CACHE, found.problem
 
 
 def test_uncached_hub_id_offline_says_so_and_never_downloads(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -39,10 +39,10 @@ def test_uncached_hub_id_offline_says_so_and_never_downloads(monkeypatch: pytest
 
     monkeypatch.setattr("huggingface_hub.hf_hub_download", no_network)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    found = modelconfig.load("nobody/not-cached-model")
+    found = model_config.load("nobody/not-cached-model")
     assert not found.available and "not available offline" in (found.problem or "")
     monkeypatch.delenv("HF_HUB_OFFLINE")
-    found = modelconfig.load("nobody/not-cached-model", offline=True)
+    found = model_config.load("nobody/not-cached-model", offline=True)
     assert "not available offline" in (found.problem or "")
 
 
@@ -55,19 +55,19 @@ def test_online_fetch_failure_is_a_problem_not_an_exception(monkeypatch: pytest.
 
     monkeypatch.setattr("huggingface_hub.get_hf_file_metadata", unreachable)
     monkeypatch.setattr("huggingface_hub.hf_hub_download", unreachable)
-    monkeypatch.setattr(modelconfig, "_unreachable", {})
+    monkeypatch.setattr(model_config, "_unreachable", {})
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    found = modelconfig.load("nobody/not-cached-model")
+    found = model_config.load("nobody/not-cached-model")
     assert not found.available and "could not fetch" in (found.problem or "") and "HF_HUB_OFFLINE=1" in found.problem
     # For a minute, other ids don't ask again: the panel re-plans on every change.
-    assert "the Hub did not answer" in (modelconfig.load("nobody/other-model").problem or "") and calls == ["HEAD"]
+    assert "the Hub did not answer" in (model_config.load("nobody/other-model").problem or "") and calls == ["HEAD"]
 
 
 def test_remote_code_configs_are_refused(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(
         json.dumps({"model_type": "mystery", "auto_map": {"AutoConfig": "configuration_mystery.MysteryConfig"}})
     )
-    found = modelconfig.load(str(tmp_path))
+    found = model_config.load(str(tmp_path))
     assert not found.available and "trust_remote_code" in (found.problem or "")
 
 
@@ -77,12 +77,12 @@ def test_remote_code_configs_are_refused(tmp_path: Path) -> None:
 )
 def test_bad_models_are_one_line_user_errors(model: str) -> None:
     with pytest.raises(UserError) as err:
-        modelconfig.load(model)
+        model_config.load(model)
     assert "\n" not in str(err.value)
 
 
 def test_folder_without_config(tmp_path: Path) -> None:
-    found = modelconfig.load(str(tmp_path))
+    found = model_config.load(str(tmp_path))
     assert not found.available and "no config.json" in (found.problem or "")
 
 
@@ -91,5 +91,5 @@ def test_reading_an_odd_config_logs_nothing(tmp_path: Path, capfd: pytest.Captur
     config = json.loads((tiny_model_path() / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "rope_scaling": {"type": "nbhw-unknown"}}))
     capfd.readouterr()
-    assert modelconfig.load(str(tmp_path)).available
+    assert model_config.load(str(tmp_path)).available
     assert capfd.readouterr() == ("", "")

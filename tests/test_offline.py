@@ -19,8 +19,8 @@ from IPython.core.error import UsageError
 
 import nbhw
 from nbhw.__main__ import main
-from nbhw.core import modelconfig
-from nbhw.core.loadform import Form
+from nbhw.core.hf import model_config
+from nbhw.core.plan.load_form import Form
 from nbhw.ui.attention import advice_html
 from nbhw.ui.devices import devices_html
 from nbhw.ui.load import compute
@@ -64,7 +64,7 @@ def hub_online(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # read by huggingface_hub when it was imported
-    monkeypatch.setattr(modelconfig, "_unreachable", {})  # no earlier test's "the Hub did not answer"
+    monkeypatch.setattr(model_config, "_unreachable", {})  # no earlier test's "the Hub did not answer"
 
 
 def valid_code_for(code: str, model: str) -> None:

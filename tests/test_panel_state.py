@@ -12,12 +12,12 @@ from transformers.integrations.accelerate import expand_device_map
 from transformers.utils import import_utils
 
 import nbhw
-from nbhw.core import loadform
-from nbhw.core.attention import WONT, WORKS
-from nbhw.core.loadargs import strategy_names
-from nbhw.core.loadform import Form
-from nbhw.core.placement import live_memory
-from nbhw.core.tinymodel import tiny_model_path
+from nbhw.core.advice.attention import WONT, WORKS
+from nbhw.core.hf.tiny_model import tiny_model_path
+from nbhw.core.plan import load_form
+from nbhw.core.plan.arguments import strategy_names
+from nbhw.core.plan.load_form import Form
+from nbhw.core.plan.placement import live_memory
 from tests.fakes import GIB, FakeGpu, FakeHardware
 
 
@@ -34,10 +34,10 @@ def values(options: Any) -> list[Any]:
 
 
 def test_choices_on_this_cpu_machine_come_from_detection_and_the_advisor(tiny: str) -> None:
-    choices = loadform.choices(tiny)
+    choices = load_form.choices(tiny)
     advice = nbhw.attention(tiny)
     usable = [d.device for d in nbhw.detect().devices]
-    assert values(choices.device_maps) == [*strategy_names(), *usable, loadform.NO_DEVICE_MAP]
+    assert values(choices.device_maps) == [*strategy_names(), *usable, load_form.NO_DEVICE_MAP]
     assert choices.target == advice.device == "cpu"
     assert choices.advised_dtype == advice.precision.dtype
     assert [o.label for o in choices.dtypes if o.value == advice.precision.dtype] == [
@@ -58,7 +58,7 @@ def test_quantization_is_offered_only_where_bitsandbytes_can_run(
     tiny: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
     if not import_utils.is_bitsandbytes_available():
-        choices = loadform.choices(tiny)
+        choices = load_form.choices(tiny)
         assert values(choices.quantizations) == [None]
         assert "bitsandbytes" in choices.quantization_note and "not installed" in choices.quantization_note
     # A bitsandbytes install (package and metadata) whose backends transformers then checks against the devices.
@@ -81,9 +81,9 @@ def test_quantization_is_offered_only_where_bitsandbytes_can_run(
     import_utils.is_bitsandbytes_available.cache_clear()
     request.addfinalizer(import_utils.is_bitsandbytes_available.cache_clear)
     assert import_utils.is_bitsandbytes_available()
-    assert values(loadform.choices(tiny).quantizations) == [None, "4bit", "8bit"]
+    assert values(load_form.choices(tiny).quantizations) == [None, "4bit", "8bit"]
     monkeypatch.setattr(bitsandbytes, "supported_torch_devices", {"cuda"})
-    choices = loadform.choices(tiny)
+    choices = load_form.choices(tiny)
     assert values(choices.quantizations) == [None]
     assert "no backend" in choices.quantization_note
 
@@ -95,22 +95,22 @@ def test_choices_with_two_gpus_list_them_and_advise_for_the_one_device_map_names
         FakeGpu(total=80 * GIB, used=2 * GIB),
         FakeGpu(name="Tesla T4", total=16 * GIB, used=1 * GIB, cc=(7, 5), bf16=False),
     )
-    auto = loadform.choices(tiny)
-    assert values(auto.device_maps) == [*strategy_names(), "cpu", "cuda:0", "cuda:1", loadform.NO_DEVICE_MAP]
+    auto = load_form.choices(tiny)
+    assert values(auto.device_maps) == [*strategy_names(), "cpu", "cuda:0", "cuda:1", load_form.NO_DEVICE_MAP]
     assert [(f.key, f.device) for f in auto.memory] == [("0", "cuda:0"), ("1", "cuda:1"), ("cpu", "cpu")]
     assert auto.memory[0].free == 78 * GIB and auto.memory[1].free == 15 * GIB
     assert auto.target == nbhw.attention(tiny).device == "cuda:0"
     assert auto.advised_dtype == "bfloat16"  # the A100
-    t4 = loadform.choices(tiny, device_map="cuda:1")
+    t4 = load_form.choices(tiny, device_map="cuda:1")
     assert t4.target == "cuda:1"
     assert t4.advised_dtype == nbhw.attention(tiny, device="cuda:1").precision.dtype == "float16"
     assert "older than Ampere" in t4.dtype_reason
-    assert loadform.choices(tiny, device_map="cpu").target == "cpu"
-    assert loadform.choices(tiny, device_map=loadform.NO_DEVICE_MAP).target == "cpu"  # from_pretrained's default
+    assert load_form.choices(tiny, device_map="cpu").target == "cpu"
+    assert load_form.choices(tiny, device_map=load_form.NO_DEVICE_MAP).target == "cpu"  # from_pretrained's default
 
 
 def test_a_model_whose_config_cant_be_read_still_gets_hardware_choices() -> None:
-    choices = loadform.choices("nbhw-test/not-cached-anywhere", offline=True)
+    choices = load_form.choices("nbhw-test/not-cached-anywhere", offline=True)
     assert choices.problem is not None and "not-cached-anywhere" in choices.problem
     assert choices.advised_dtype == nbhw.attention().precision.dtype
     assert values(choices.attention)[:3] == [None, "eager", "sdpa"]
@@ -125,7 +125,7 @@ FORMS = [
     {"dtype": "bfloat16", "attn_implementation": "eager"},
     {"device_map": "sequential", "max_memory": (("cpu", "1GiB"),)},
     {"device_map": "cpu"},
-    {"device_map": loadform.NO_DEVICE_MAP},
+    {"device_map": load_form.NO_DEVICE_MAP},
     {"device_map": '{"": "cpu"}', "dtype": "float32"},
     {"use_kernels": True},
     {"attn_implementation": "flash_attention_2"},
@@ -135,9 +135,9 @@ FORMS = [
 @pytest.mark.parametrize("fields", FORMS)
 def test_the_preview_is_the_plans_code_and_dry_run(tiny: str, fields: dict[str, Any]) -> None:
     form = Form(tiny, **fields)
-    preview = loadform.preview(form)
+    preview = load_form.preview(form)
     assert preview.ok, preview.error
-    plan = loadform.make_plan(form)
+    plan = load_form.make_plan(form)
     assert preview.code == plan.code.rstrip("\n")
     assert preview.problems == plan.check()
     assert plan.placement is not None
@@ -145,7 +145,7 @@ def test_the_preview_is_the_plans_code_and_dry_run(tiny: str, fields: dict[str, 
 
 
 def test_each_control_changes_the_code(tiny: str) -> None:
-    base = loadform.preview(Form(tiny, dtype="float32")).code
+    base = load_form.preview(Form(tiny, dtype="float32")).code
     changed = {
         "dtype": (Form(tiny, dtype="float16"), "dtype=torch.float16"),
         "attn_implementation": (
@@ -157,7 +157,7 @@ def test_each_control_changes_the_code(tiny: str) -> None:
         "max_memory": (Form(tiny, dtype="float32", max_memory=(("cpu", "2GiB"),)), 'max_memory={"cpu": "2GiB"}'),
     }
     for name, (form, text) in changed.items():
-        code = loadform.preview(form).code
+        code = load_form.preview(form).code
         assert code != base, name
         assert text in code and text not in base, name
 
@@ -178,7 +178,7 @@ def test_each_control_changes_the_code(tiny: str) -> None:
 def test_a_mistake_in_an_entry_is_a_one_line_message_not_an_exception(
     tiny: str, fields: dict[str, Any], message: str
 ) -> None:
-    preview = loadform.preview(Form(**{"model": tiny, **fields}))
+    preview = load_form.preview(Form(**{"model": tiny, **fields}))
     assert not preview.ok and preview.error is not None
     assert message in preview.error and "\n" not in preview.error
     assert preview.code == "" and preview.plan is None
@@ -187,21 +187,21 @@ def test_a_mistake_in_an_entry_is_a_one_line_message_not_an_exception(
 def test_form_words_round_trip_into_the_plan(tiny: str) -> None:
     form = Form(
         tiny,
-        device_map=loadform.device_map_word({"": "cpu"}),
-        max_memory=loadform.memory_pairs({0: "1GiB", "cpu": 10**9}),
+        device_map=load_form.device_map_word({"": "cpu"}),
+        max_memory=load_form.memory_pairs({0: "1GiB", "cpu": 10**9}),
     )
     assert form.device_map == '{"": "cpu"}'
     assert form.memory_budget() == {"0": "1GiB", "cpu": 10**9}
-    assert loadform.memory_pairs(["0=1GiB", "cpu=2GiB"]) == (("0", "1GiB"), ("cpu", "2GiB"))
-    assert loadform.device_map_word(None) == loadform.NO_DEVICE_MAP and loadform.device_map_word(0) == "0"
-    plan = loadform.make_plan(form)
+    assert load_form.memory_pairs(["0=1GiB", "cpu=2GiB"]) == (("0", "1GiB"), ("cpu", "2GiB"))
+    assert load_form.device_map_word(None) == load_form.NO_DEVICE_MAP and load_form.device_map_word(0) == "0"
+    plan = load_form.make_plan(form)
     assert plan.args.device_map == {"": "cpu"} and plan.args.max_memory == {0: "1GiB", "cpu": 10**9}
 
 
 def test_placement_blocks_sit_where_transformers_expands_the_device_map(fake_hw: FakeHardware, tiny: str) -> None:
     fake_hw.nvidia(FakeGpu(total=80 * GIB, used=2 * GIB), FakeGpu(total=80 * GIB, used=2 * GIB))
     form = Form(tiny, dtype="float32", max_memory=(("0", "150KB"), ("1", "200KB"), ("cpu", "1GB")))
-    preview = loadform.preview(form)
+    preview = load_form.preview(form)
     assert preview.plan is not None and preview.plan.placement is not None
     model = preview.plan.meta_model
     names = [n for n, _ in model.named_parameters()]
@@ -223,8 +223,8 @@ def test_the_default_model_is_the_tiny_one_when_nothing_is_cached(
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
-    assert loadform.cached_models() == []
-    assert loadform.default_model() == str(tiny_model_path())
+    assert load_form.cached_models() == []
+    assert load_form.default_model() == str(tiny_model_path())
     # A cached Hub model with a config.json becomes the default.
     repo = tmp_path / "cache" / "models--org--cached-model"
     for folder in ("blobs", "refs", "snapshots/abc123"):
@@ -233,8 +233,8 @@ def test_the_default_model_is_the_tiny_one_when_nothing_is_cached(
     (repo / "snapshots" / "abc123" / "config.json").symlink_to("../../blobs/c0ffee")
     (repo / "refs" / "main").write_text("abc123")
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
-    assert loadform.cached_models() == ["org/cached-model"]
-    assert loadform.default_model() == "org/cached-model"
+    assert load_form.cached_models() == ["org/cached-model"]
+    assert load_form.default_model() == "org/cached-model"
 
 
 def test_building_the_tiny_model_shows_no_progress_bar_and_leaves_the_settings(

@@ -21,9 +21,10 @@ from hypothesis import strategies as st
 from IPython.core.error import UsageError
 
 import nbhw
-from nbhw.core import codegen, loadform, metabuild
-from nbhw.core.loadform import Form
-from nbhw.core.tinymodel import tiny_model_path
+from nbhw.core.hf import meta_build
+from nbhw.core.hf.tiny_model import tiny_model_path
+from nbhw.core.plan import codegen, load_form
+from nbhw.core.plan.load_form import Form
 from nbhw.ui import memory as memory_ui
 from nbhw.ui import panel as panels
 from nbhw.ui.codebox import highlight
@@ -156,7 +157,7 @@ def test_changing_a_control_replans_in_the_background(
     getattr(view, control).value = value  # as the browser's message sets it
     settle(worker)
     assert expected in view.code.code and expected not in before
-    assert view.code.code == loadform.make_plan(view.form).code.rstrip("\n")
+    assert view.code.code == load_form.make_plan(view.form).code.rstrip("\n")
     assert view.code.html and text_of(view.code.html) == view.code.code
 
 
@@ -211,7 +212,7 @@ def test_a_bug_while_planning_is_a_message_in_the_tab_not_a_stuck_one(
     def broken(form: Form) -> Any:
         raise RuntimeError("planner bug")
 
-    monkeypatch.setattr(loadform, "preview", broken)
+    monkeypatch.setattr(load_form, "preview", broken)
     view.dtype.value = "float16"
     settle(worker)
     assert "nbhw failed here (RuntimeError: planner bug)" in text_of(view.message.value)
@@ -383,11 +384,11 @@ def test_quiet_sections_in_two_threads_leave_every_setting_as_it_was() -> None:
 
     before = (list(warnings.filters), hf_logging.get_verbosity(), constants.HF_HUB_OFFLINE,
               logging.getLogger("accelerate").level)  # fmt: skip
-    from nbhw.core.placement import quiet as placement_quiet
+    from nbhw.core.plan.placement import quiet as placement_quiet
 
     def churn() -> None:
         for _ in range(200):
-            with placement_quiet(), metabuild.hub_offline():
+            with placement_quiet(), meta_build.hub_offline():
                 time.sleep(0)
 
     threads = [threading.Thread(target=churn) for _ in range(4)]

@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import nbhw
-from nbhw.core import codegen
-from nbhw.core.loadargs import LoadArgs
-from nbhw.core.tinymodel import tiny_model_path
+from nbhw.core.hf.tiny_model import tiny_model_path
+from nbhw.core.plan import codegen
+from nbhw.core.plan.arguments import LoadArgs
 
-AUTO_CLASSES = [name for name, _ in __import__("nbhw.core.metabuild", fromlist=["x"]).AUTO_CLASSES] + ["AutoModel"]
+AUTO_CLASSES = [name for name, _ in __import__("nbhw.core.hf.meta_build", fromlist=["x"]).AUTO_CLASSES] + ["AutoModel"]
 # Any text, lone surrogates and control characters included.
 ANY_TEXT = st.text(st.characters(exclude_categories=()), max_size=60)
 SIZES = st.one_of(st.integers(0, 10**13), st.sampled_from(["70GiB", "512MiB", "1.5GB", "80 GB"]))

@@ -16,9 +16,9 @@ from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
 import nbhw
-from nbhw.core import metabuild
 from nbhw.core.errors import UserError
-from nbhw.core.tinymodel import tiny_model_path
+from nbhw.core.hf import meta_build
+from nbhw.core.hf.tiny_model import tiny_model_path
 
 CPU_MAPS: list[Any] = ["cpu", "auto", "sequential", {"": "cpu"}]
 DTYPES = ["float32", "bfloat16"]
@@ -32,7 +32,7 @@ def _attentions() -> list[str]:
 
 def run_cell(code: str) -> dict[str, Any]:
     namespace: dict[str, Any] = {}
-    with contextlib.redirect_stdout(io.StringIO()) as out, metabuild.quiet():
+    with contextlib.redirect_stdout(io.StringIO()) as out, meta_build.quiet():
         exec(compile(code, "<nbhw cell>", "exec"), namespace)
     namespace["printed"] = out.getvalue()
     return namespace
@@ -86,7 +86,7 @@ def transformers_accepts(device_map: Any, dtype: str, attn: str, extra: dict[str
 
         kwargs["quantization_config"] = BitsAndBytesConfig(load_in_4bit=kwargs.pop("quantization") == "4bit")
     try:
-        with metabuild.quiet():
+        with meta_build.quiet():
             AutoModelForCausalLM.from_pretrained(
                 str(tiny_model_path()), device_map=device_map, dtype=dtype, attn_implementation=attn, **kwargs
             )
@@ -133,11 +133,11 @@ def test_an_uncached_hub_model_offline_is_one_problem_and_still_valid_code(monke
 
 def test_attention_that_would_download_a_kernel_is_not_built(monkeypatch: pytest.MonkeyPatch) -> None:
     # kernels "installed and in range" while flash-attn is not: transformers would fetch kernels-community/flash-attn2.
-    monkeypatch.setattr(metabuild, "kernels_status", lambda: (True, "faked"))
+    monkeypatch.setattr(meta_build, "kernels_status", lambda: (True, "faked"))
     built: list[Any] = []
-    real_build = metabuild.build
-    monkeypatch.setattr(metabuild, "build", lambda *a, **k: built.append(k) or real_build(*a, **k))
-    from nbhw.core import plan as plan_module
+    real_build = meta_build.build
+    monkeypatch.setattr(meta_build, "build", lambda *a, **k: built.append(k) or real_build(*a, **k))
+    from nbhw.core.plan import load_plan as plan_module
 
     plan_module.clear_cache()
     plan = nbhw.plan(attn_implementation="flash_attention_2")
@@ -184,7 +184,7 @@ def test_a_pre_quantized_checkpoint_is_checked_like_transformers_does(tmp_path: 
     config = json.loads((folder / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ImportError), metabuild.quiet():
+    with pytest.raises(ImportError), meta_build.quiet():
         AutoModelForCausalLM.from_pretrained(str(folder))
     problems = nbhw.plan(str(folder)).check()
     assert len(problems) == 1 and problems[0].startswith("this pre-quantized checkpoint: ImportError")

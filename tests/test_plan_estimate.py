@@ -16,9 +16,9 @@ from transformers import (
 )
 
 import nbhw
-from nbhw.core import estimate as estimate_module
-from nbhw.core import metabuild
-from nbhw.core.tinymodel import tiny_model_path
+from nbhw.core.hf import meta_build
+from nbhw.core.hf.tiny_model import tiny_model_path
+from nbhw.core.plan import estimate as estimate_module
 
 
 def config_folder(tmp_path: Path, config: Any, arch: str, dtype: str = "bfloat16") -> str:
@@ -97,7 +97,7 @@ def test_parameter_counts_match_the_published_figures(
 def test_parameter_bytes_equal_an_independent_meta_models(tmp_path: Path, dtype: str) -> None:
     folder = config_folder(tmp_path, llama3_8b(), "LlamaForCausalLM")
     est = nbhw.plan(folder, dtype=dtype).estimate
-    with torch.device("meta"), metabuild.quiet():
+    with torch.device("meta"), meta_build.quiet():
         model = AutoModelForCausalLM.from_config(llama3_8b(), dtype=getattr(torch, dtype))
     assert est is not None
     assert est.parameter_bytes == sum(p.numel() * p.element_size() for p in model.parameters())
@@ -111,7 +111,7 @@ def test_parameter_bytes_equal_an_independent_meta_models(tmp_path: Path, dtype:
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_loaded_tiny_model_is_within_5_percent_of_the_estimate(dtype: str) -> None:
     est = nbhw.plan(dtype=dtype).estimate
-    with metabuild.quiet():
+    with meta_build.quiet():
         model = AutoModelForCausalLM.from_pretrained(str(tiny_model_path()), dtype=dtype)
     loaded = model.get_memory_footprint()
     assert est is not None and abs(loaded - est.total_bytes) <= 0.05 * loaded, (loaded, est.total_bytes)
@@ -126,7 +126,7 @@ def test_kv_cache_of_llama3_8b_is_128_kib_per_token(tmp_path: Path) -> None:
 def real_cache_bytes(config: Any, dtype: torch.dtype, tokens: int) -> int:
     """Run a randomly initialised model on ``tokens`` tokens and add up the cache transformers keeps."""
     torch.manual_seed(0)
-    with metabuild.quiet():
+    with meta_build.quiet():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     ids = torch.randint(0, config.vocab_size, (1, tokens))
     with torch.no_grad():
@@ -189,14 +189,14 @@ def test_quantized_weights_are_sized_at_bitsandbytes_element_size() -> None:
 def test_auto_dtype_without_one_in_the_config_is_read_from_the_weights_like_transformers(tmp_path: Path) -> None:
     import json
 
-    with metabuild.quiet():
+    with meta_build.quiet():
         model = AutoModelForCausalLM.from_pretrained(str(tiny_model_path()), dtype=torch.bfloat16)
         model.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     config.pop("dtype", None)
     config.pop("torch_dtype", None)
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with metabuild.quiet():
+    with meta_build.quiet():
         loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path))  # dtype="auto"
     plan = nbhw.plan(str(tmp_path))
     assert plan.config_dtype is None and plan.dtype == str(loaded.dtype).removeprefix("torch.") == "bfloat16"

@@ -12,8 +12,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers import modeling_utils as hf_modeling
 
 import nbhw
-from nbhw.core import metabuild, placement
-from nbhw.core.tinymodel import tiny_model_path
+from nbhw.core.hf import meta_build
+from nbhw.core.hf.tiny_model import tiny_model_path
+from nbhw.core.plan import placement
 from tests.fakes import GIB, FakeGpu, FakeHardware
 
 BUDGETS: list[dict[Any, str]] = [
@@ -111,7 +112,7 @@ def llama3_70b_folder(tmp_path: Path) -> tuple[str, LlamaConfig]:
 def independent_device_map(config: LlamaConfig, max_memory: dict[Any, Any] | None) -> dict[str, Any]:
     from transformers.integrations.accelerate import _get_device_map
 
-    with torch.device("meta"), metabuild.quiet():
+    with torch.device("meta"), meta_build.quiet():
         model = AutoModelForCausalLM.from_config(copy.deepcopy(config), dtype=torch.bfloat16)
     with placement.quiet():
         return dict(_get_device_map(model, "auto", copy.deepcopy(max_memory), None))

@@ -15,7 +15,7 @@ from IPython.core.error import UsageError
 
 import nbhw
 from nbhw.__main__ import main
-from nbhw.core.tinymodel import tiny_model_path
+from nbhw.core.hf.tiny_model import tiny_model_path
 
 
 def test_emit_sets_the_next_input_to_exactly_the_plans_code(ip: Any, capsys: pytest.CaptureFixture[str]) -> None:

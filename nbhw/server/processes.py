@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nbhw.core import nvml
+from nbhw.core.hardware import nvml
 from nbhw.core.memory import NvmlSource, Source
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from nbhw.core import fmt
+from nbhw.core import render
 from nbhw.ui.worker import LOCK, Worker, locked
 
 BEST = ""  # the device dropdown's "best usable device here" (the advisor's own default)
@@ -23,8 +23,8 @@ class AdviceResult:
 
 def device_options() -> list[tuple[str, str]]:
     """The best device, each usable device, then the device types the advisor can plan for that are not here."""
-    from nbhw.core.attention import device_types
-    from nbhw.core.detect import detect
+    from nbhw.core.advice.attention import device_types
+    from nbhw.core.hardware.detect import detect
 
     here = [d.device for d in detect().devices]
     kinds = {d.split(":")[0] for d in here}
@@ -35,7 +35,7 @@ def device_options() -> list[tuple[str, str]]:
 
 def advice_html(model: str, device: str, dtype: str, offline: bool) -> AdviceResult:
     """The advice for the controls' values, computed off the kernel's thread."""
-    from nbhw.core.attention import advise
+    from nbhw.core.advice.attention import advise
     from nbhw.core.errors import UserError
     from nbhw.ui.load import unexpected
 
@@ -43,9 +43,9 @@ def advice_html(model: str, device: str, dtype: str, offline: bool) -> AdviceRes
         devices = device_options()
         advice = advise(model.strip() or None, device=device or None, dtype=dtype or None, offline=offline)
     except UserError as exc:
-        return AdviceResult(device_options(), f'<span class="nbhw-bad">✗ {fmt.esc(str(exc))}</span>')
+        return AdviceResult(device_options(), f'<span class="nbhw-bad">✗ {render.esc(str(exc))}</span>')
     except Exception as exc:
-        return AdviceResult([("best here", BEST)], f'<span class="nbhw-bad">✗ {fmt.esc(unexpected(exc))}</span>')
+        return AdviceResult([("best here", BEST)], f'<span class="nbhw-bad">✗ {render.esc(unexpected(exc))}</span>')
     return AdviceResult(devices, advice.html())
 
 

@@ -11,14 +11,14 @@ WAITING = "<span class='nbhw-note'>detecting…</span>"
 
 def devices_html() -> str:
     """The devices view as HTML, read now."""
-    from nbhw.core import fmt
-    from nbhw.core.detect import detect
+    from nbhw.core import render
+    from nbhw.core.hardware.detect import detect
     from nbhw.ui.load import unexpected
 
     try:
         return detect().html()
     except Exception as exc:  # detection reports failures as values; anything else is a bug to show, not hide
-        return f'<span class="nbhw-bad">✗ {fmt.esc(unexpected(exc))}</span>'
+        return f'<span class="nbhw-bad">✗ {render.esc(unexpected(exc))}</span>'
 
 
 class DevicesView:

@@ -1,7 +1,7 @@
 """The Load tab: controls whose choices come from this machine, and a live preview of the from_pretrained cell.
 
 Every change submits one job to the panels' worker (debounced, off the kernel's thread): choices for the model
-(cached), then :func:`nbhw.core.loadform.preview`, then the HTML; the worker applies it under the widgets' lock
+(cached), then :func:`nbhw.core.plan.load_form.preview`, then the HTML; the worker applies it under the widgets' lock
 unless a newer change came in. The code box's "Insert cell below" and "Copy" run in the browser.
 """
 
@@ -12,8 +12,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from nbhw.core import fmt, loadform
-from nbhw.core.loadform import Choices, Form, Option, Preview, Unit
+from nbhw.core import render
+from nbhw.core.plan import load_form
+from nbhw.core.plan.load_form import Choices, Form, Option, Preview, Unit
 from nbhw.ui.codebox import codebox
 from nbhw.ui.tree import close_tree
 from nbhw.ui.worker import LOCK, Worker, locked
@@ -46,7 +47,7 @@ def cached_choices(form: Form) -> Choices:
         if key in _choices:
             _choices.move_to_end(key)
             return _choices[key]
-    found = loadform.choices(form.model.strip(), device_map=form.device_map, dtype=form.dtype, offline=form.offline)
+    found = load_form.choices(form.model.strip(), device_map=form.device_map, dtype=form.dtype, offline=form.offline)
     with _choices_lock:
         _choices[key] = found
         while len(_choices) > CHOICES_CACHE:
@@ -80,8 +81,8 @@ def picture_html(preview: Preview) -> str:
         return ""
     colors = device_colors([u.device for u in blocks])
     cells = "".join(
-        f'<span data-device="{fmt.esc(u.device)}" title="{fmt.esc(u.name)} → {fmt.esc(u.device)} '
-        f'({fmt.size(u.bytes)})" style="height:{28 if u.layer else 14}px;background:{colors[u.device]}"></span>'
+        f'<span data-device="{render.esc(u.device)}" title="{render.esc(u.name)} → {render.esc(u.device)} '
+        f'({render.size(u.bytes)})" style="height:{28 if u.layer else 14}px;background:{colors[u.device]}"></span>'
         for u in blocks
     )
     legend = []
@@ -91,10 +92,10 @@ def picture_html(preview: Preview) -> str:
         what = f"{layers} layer{'s' if layers != 1 else ''}" + (
             f" + {len(mine) - layers} other" if len(mine) > layers else ""
         )
-        size = fmt.size(sum(u.bytes for u in mine))
-        legend.append(f'<span class="swatch" style="background:{color}"></span>{fmt.esc(device)}: {what}, {size}')
+        size = render.size(sum(u.bytes for u in mine))
+        legend.append(f'<span class="swatch" style="background:{color}"></span>{render.esc(device)}: {what}, {size}')
     return (
-        f'<div class="nbhw-placement"><b>Placement: {fmt.esc(preview.verdict)}</b>'
+        f'<div class="nbhw-placement"><b>Placement: {render.esc(preview.verdict)}</b>'
         f'<div class="nbhw-placement-blocks">{cells}</div>'
         f'<div class="nbhw-placement-legend nbhw-note">{"".join(legend)}</div></div>'
     )
@@ -102,14 +103,14 @@ def picture_html(preview: Preview) -> str:
 
 def note_html(text: str, bad: bool = False) -> str:
     """A short note beside a control."""
-    return f'<span class="nbhw-note{" nbhw-bad" if bad else ""}">{fmt.esc(text)}</span>'
+    return f'<span class="nbhw-note{" nbhw-bad" if bad else ""}">{render.esc(text)}</span>'
 
 
 def message_html(preview: Preview, choices: Choices | None) -> str:
     """The line above the code: the mistake in an entry, or what the dry run says."""
     if preview.error is not None:
-        return f'<span class="nbhw-message nbhw-bad">✗ {fmt.esc(preview.error)}</span>'
-    extra = f" ({fmt.esc(choices.problem)})" if choices is not None and choices.problem else ""
+        return f'<span class="nbhw-message nbhw-bad">✗ {render.esc(preview.error)}</span>'
+    extra = f" ({render.esc(choices.problem)})" if choices is not None and choices.problem else ""
     if preview.problems:
         n = len(preview.problems)
         return f'<span class="nbhw-message nbhw-bad">Dry run: {n} problem{"s" if n > 1 else ""}</span>{extra}'
@@ -150,7 +151,7 @@ def _compute(form: Form) -> Result:
         return Result(form, None, Preview(form, error=str(exc)), "", "")
     if form.dtype is None:
         form = form.with_dtype(choices.advised_dtype)
-    preview = loadform.preview(form)
+    preview = load_form.preview(form)
     report = preview.plan.html(code=False) if preview.plan is not None else ""
     return Result(form, choices, preview, picture_html(preview), report)
 
@@ -194,7 +195,7 @@ class LoadView:
         self.box = self._layout()
         for control in self.controls():
             control.observe(self._changed, names="value")
-        self._set_memory_fields([loadform.MemoryField(k, k, None) for k, _ in form.max_memory])
+        self._set_memory_fields([load_form.MemoryField(k, k, None) for k, _ in form.max_memory])
         self.refresh()
 
     def _make_controls(self, form: Form, models: list[str]) -> None:
@@ -318,16 +319,16 @@ class LoadView:
                     dropdown.options = pairs
                     dropdown.value = DEFAULT if value is None else value
         known = {f.key for f in choices.memory}
-        extra = [loadform.MemoryField(k, k, None) for k, _ in form.max_memory if k not in known]
+        extra = [load_form.MemoryField(k, k, None) for k, _ in form.max_memory if k not in known]
         self._set_memory_fields([*choices.memory, *extra])
 
-    def _set_memory_fields(self, fields: list[loadform.MemoryField]) -> None:
+    def _set_memory_fields(self, fields: list[load_form.MemoryField]) -> None:
         if [f.key for f in fields] == list(self.memory_fields):
             return
         sizes = dict(self.form.max_memory)
         old, self.memory_fields = self.memory_fields, {}
         for f in fields:
-            free = f"free {fmt.size(f.free)}" if f.free is not None else "size, e.g. 70GiB"
+            free = f"free {render.size(f.free)}" if f.free is not None else "size, e.g. 70GiB"
             text = _control("Text")(
                 value=old[f.key].value if f.key in old else sizes.get(f.key, ""), description=f.device,
                 placeholder=free, continuous_update=False, layout=_ipywidgets().Layout(width="220px"),

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from nbhw.core import memory
-from nbhw.core.fmt import GIB, MIB, esc, html_table
+from nbhw.core.render import GIB, MIB, esc, html_table
 
 LOCK = threading.RLock()
 WIDTH = 860

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbhw.core.errors import UserError, one_of
-from nbhw.core.loadform import Form, device_map_word, memory_pairs
+from nbhw.core.plan.load_form import Form, device_map_word, memory_pairs
 
 if TYPE_CHECKING:
     from nbhw.ui.worker import Worker
@@ -118,7 +118,7 @@ class Panel:
     def _make(self, worker: Worker) -> None:
         import ipywidgets as w
 
-        from nbhw.core.loadform import cached_models
+        from nbhw.core.plan.load_form import cached_models
         from nbhw.ui.attention import AttentionView
         from nbhw.ui.devices import DevicesView
         from nbhw.ui.load import LoadView
@@ -190,15 +190,15 @@ class Panel:
 
     def text(self) -> str:
         """The panel in a terminal: the devices view and the load plan (the graph and tables need Jupyter)."""
-        from nbhw.core import loadform
-        from nbhw.core.detect import detect
+        from nbhw.core.hardware.detect import detect
+        from nbhw.core.plan import load_form
 
         parts = [detect().text().rstrip(), ""]
         form = self.form
         if form.dtype is None:  # as in Jupyter: the advised dtype
-            advised = loadform.choices(form.model, device_map=form.device_map, offline=form.offline).advised_dtype
+            advised = load_form.choices(form.model, device_map=form.device_map, offline=form.offline).advised_dtype
             form = form.with_dtype(advised)
-        preview = loadform.preview(form)
+        preview = load_form.preview(form)
         if preview.plan is not None:
             parts.append(preview.plan.text().rstrip())
         else:
@@ -244,9 +244,9 @@ def panel(
     (JupyterLab 4 and Notebook 7); "Copy" puts it on the clipboard; the code box stays selectable. Mistakes in an
     entry show as a message in the panel. ``interval`` and ``window`` set the memory graph (``%hw memory``).
     """
-    from nbhw.core import loadform
+    from nbhw.core.plan import load_form
 
-    name = str(model) if model is not None else loadform.default_model()
+    name = str(model) if model is not None else load_form.default_model()
     form = Form(
         model=name,
         device_map=device_map_word(device_map),

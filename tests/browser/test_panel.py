@@ -10,8 +10,8 @@ import pytest
 from playwright.sync_api import Locator
 from transformers import LlamaConfig
 
-from nbhw.core.loadform import cached_models
-from nbhw.core.tinymodel import tiny_model_path
+from nbhw.core.hf.tiny_model import tiny_model_path
+from nbhw.core.plan.load_form import cached_models
 from tests.browser.harness import NotebookPage, poll
 
 pytestmark = pytest.mark.browser

@@ -57,7 +57,7 @@ def build(path: Path, seed: int = 0, **overrides: Any) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from nbhw.core.tinymodel import tiny_model_path
+    from nbhw.core.hf.tiny_model import tiny_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path())
     config = billion_config(len(tokenizer), int(tokenizer.eos_token_id), **overrides)

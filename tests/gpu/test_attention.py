@@ -47,7 +47,7 @@ def _meta_build(key: str | None, dtype: str) -> tuple[str | None, str | None]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from nbhw.core.tinymodel import tiny_config
+    from nbhw.core.hf.tiny_model import tiny_config
 
     kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype)}
     if key is not None:
@@ -68,7 +68,7 @@ def test_advice_is_for_this_card_and_checked_by_builds_here(advice: Any, gpu0: N
 
 
 def test_every_row_agrees_with_a_meta_build_by_transformers(advice: Any, record_property: Any) -> None:
-    from nbhw.core import attention
+    from nbhw.core.advice import attention
 
     disagree = []
     statuses = {}
@@ -102,8 +102,8 @@ def test_implementation_said_to_work_runs_a_forward_on_the_card(advice: Any, key
     import torch
     from transformers import AutoModelForCausalLM
 
-    from nbhw.core import attention
-    from nbhw.core.tinymodel import tiny_config
+    from nbhw.core.advice import attention
+    from nbhw.core.hf.tiny_model import tiny_config
 
     row = advice.row(key)
     dtype = getattr(torch, advice.dtype)

@@ -17,7 +17,7 @@ from jupyter_server.auth import Authorizer
 from prometheus_client.parser import text_string_to_metric_families
 from tornado.httpclient import HTTPClientError, HTTPResponse
 
-from nbhw.core.report import SCHEMA_PATH, report
+from nbhw.core.hardware.report import SCHEMA_PATH, report
 from nbhw.server import NbhwApp
 from nbhw.server import app as server_app
 from tests.fakes import GIB, FakeGpu, NVMLError

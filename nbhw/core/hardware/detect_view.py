@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from nbhw.core.fmt import esc, html_table, size, text_table, yes_no
-from nbhw.core.hardware import BackendStatus, DeviceInfo
+from nbhw.core.hardware.data import BackendStatus, DeviceInfo
+from nbhw.core.render import esc, html_table, size, text_table, yes_no
 
 if TYPE_CHECKING:
-    from nbhw.core.detect import Hardware
+    from nbhw.core.hardware.detect import Hardware
 
 LABELS = {"cuda": "cuda (NVIDIA)", "rocm": "cuda (AMD ROCm)"}
 

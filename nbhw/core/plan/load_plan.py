@@ -1,7 +1,7 @@
 """``nbhw.plan()``: the from_pretrained cell for a model, its dry run, memory estimate and placement.
 
 Nothing here downloads weights or kernels, and nothing creates a CUDA context: the model is built on the meta
-device through transformers' own ``__init__`` (see :mod:`nbhw.core.metabuild`), free memory comes from nbhw's
+device through transformers' own ``__init__`` (see :mod:`nbhw.core.hf.meta_build`), free memory comes from nbhw's
 probes, and the config comes from a local folder, the HF cache, or (only when online and allowed) the Hub.
 """
 
@@ -15,14 +15,15 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from nbhw.core import codegen, metabuild, modelconfig
-from nbhw.core.estimate import Estimate
-from nbhw.core.fmt import Shown
-from nbhw.core.loadargs import DISK, QUANTIZATION, LoadArgs, load_args
-from nbhw.core.placement import LiveMemory, Placement
-from nbhw.core.quantsize import PlanningQuantizer
+from nbhw.core.hf import meta_build, model_config
+from nbhw.core.plan import codegen
+from nbhw.core.plan.arguments import DISK, QUANTIZATION, LoadArgs, load_args
+from nbhw.core.plan.estimate import Estimate
+from nbhw.core.plan.placement import LiveMemory, Placement
+from nbhw.core.plan.quantized_sizes import PlanningQuantizer
+from nbhw.core.render import Shown
 
-_BUILDS: OrderedDict[tuple[str, str, str, str | None], metabuild.MetaBuild] = OrderedDict()
+_BUILDS: OrderedDict[tuple[str, str, str, str | None], meta_build.MetaBuild] = OrderedDict()
 _BUILDS_LOCK = threading.Lock()
 BUILD_CACHE_SIZE = 6
 FALLBACK_AUTO_CLASS = "AutoModelForCausalLM"
@@ -32,14 +33,14 @@ def _config_key(config: Any) -> str:
     return f"{type(config).__name__}:{config.to_json_string(use_diff=False)}"
 
 
-def cached_build(config: Any, auto_name: str, dtype: str, attn: str | None) -> metabuild.MetaBuild:
+def cached_build(config: Any, auto_name: str, dtype: str, attn: str | None) -> meta_build.MetaBuild:
     """A meta build, shared by every plan with the same config, class, dtype and attention (the model is read-only)."""
     key = (_config_key(config), auto_name, dtype, attn)
     with _BUILDS_LOCK:
         if key in _BUILDS:
             _BUILDS.move_to_end(key)
             return _BUILDS[key]
-    built = metabuild.build(config, dtype=dtype, attn_implementation=attn, auto_name=auto_name)
+    built = meta_build.build(config, dtype=dtype, attn_implementation=attn, auto_name=auto_name)
     with _BUILDS_LOCK:
         _BUILDS[key] = built
         while len(_BUILDS) > BUILD_CACHE_SIZE:
@@ -56,7 +57,7 @@ def clear_cache() -> None:
 def _weights_file(model: str, source: str | None) -> str | None:
     """The first weights file transformers would read for dtype="auto", if it is on this machine."""
     names = ("model.safetensors", "pytorch_model.bin")
-    if source == modelconfig.LOCAL:
+    if source == model_config.LOCAL:
         folder = Path(model).expanduser()
         for name in names:
             if (folder / name).is_file():
@@ -68,7 +69,7 @@ def _weights_file(model: str, source: str | None) -> str | None:
             shards = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
             return str(folder / shards[0]) if shards and (folder / shards[0]).is_file() else None
         return None
-    if source == modelconfig.CACHE:
+    if source == model_config.CACHE:
         from huggingface_hub import try_to_load_from_cache
 
         for name in names:
@@ -110,17 +111,17 @@ class LoadPlan(Shown):
     # ------------------------------------------------------------ inputs
 
     @cached_property
-    def config(self) -> modelconfig.ModelConfig:
+    def config(self) -> model_config.ModelConfig:
         """The model's config and where it came from (local folder, HF cache, Hub config.json)."""
-        with metabuild.quiet():
-            return modelconfig.load(self.model, offline=self.offline)
+        with meta_build.quiet():
+            return model_config.load(self.model, offline=self.offline)
 
     @cached_property
     def auto_class(self) -> str:
         """The Auto class for this architecture (AutoModelForCausalLM when the config is not available)."""
         if not self.config.available:
             return FALLBACK_AUTO_CLASS
-        return metabuild.auto_class_name(self.config.config)
+        return meta_build.auto_class_name(self.config.config)
 
     @cached_property
     def config_dtype(self) -> str | None:
@@ -139,14 +140,14 @@ class LoadPlan(Shown):
 
     @cached_property
     def _rows(self) -> list[Any]:
-        from nbhw.core import backends
+        from nbhw.core.hardware import backends
 
         return backends.probe_all()
 
     @cached_property
     def default_device(self) -> str:
         """Where from_pretrained puts the model without a device_map (cpu, unless a torch default device is set)."""
-        from nbhw.core.choice import from_pretrained_default
+        from nbhw.core.hardware.who_picks import from_pretrained_default
 
         return from_pretrained_default().device
 
@@ -166,10 +167,10 @@ class LoadPlan(Shown):
 
     @cached_property
     def _attn_download(self) -> bool:
-        return metabuild.needs_download(self.args.attn_implementation)
+        return meta_build.needs_download(self.args.attn_implementation)
 
     @cached_property
-    def build(self) -> metabuild.MetaBuild | None:
+    def build(self) -> meta_build.MetaBuild | None:
         """The meta build with your dtype and attn_implementation (None without a config or if it needs a download)."""
         if not self.config.available or self._attn_download:
             return None
@@ -190,7 +191,7 @@ class LoadPlan(Shown):
         """The quantizer sizes are computed with, when quantization is asked for."""
         if self.args.quantization is None:
             return None
-        with metabuild.quiet():
+        with meta_build.quiet():
             return PlanningQuantizer(self.args.quantization)
 
     # ------------------------------------------------------------ estimate and placement
@@ -198,19 +199,19 @@ class LoadPlan(Shown):
     @cached_property
     def estimate(self) -> Estimate | None:
         """Parameters, bytes, largest layer, KV cache per 1,000 tokens, training; None without a config."""
-        from nbhw.core import estimate
+        from nbhw.core.plan import estimate
 
         model = self.meta_model
         if model is None:
             return None
-        with metabuild.quiet():
+        with meta_build.quiet():
             result = estimate.estimate(
                 model,
                 self.config.config,
                 self.dtype,
                 quantizer=self.quantizer,
                 quantization=self.args.quantization,
-                generative=self.auto_class in metabuild.GENERATIVE,
+                generative=self.auto_class in meta_build.GENERATIVE,
             )
         method: Any = getattr(self.config.config, "quantization_config", None)
         if method is not None and self.args.quantization is None:
@@ -221,14 +222,14 @@ class LoadPlan(Shown):
     @cached_property
     def live(self) -> LiveMemory:
         """The free memory device_map="auto" would fill here, read now."""
-        from nbhw.core.placement import live_memory
+        from nbhw.core.plan.placement import live_memory
 
         return live_memory(self._rows)
 
     @cached_property
     def placement(self) -> Placement | None:
         """The device_map transformers would compute, per device, with a verdict; None without a config."""
-        from nbhw.core.placement import place
+        from nbhw.core.plan.placement import place
 
         model = self.meta_model
         if model is None:
@@ -263,7 +264,7 @@ class LoadPlan(Shown):
     def _kernel_problems(self) -> list[str]:
         if not self.args.use_kernels:
             return []
-        ok, why = metabuild.kernels_status()
+        ok, why = meta_build.kernels_status()
         return [] if ok else [f"use_kernels=True: {why}"]
 
     def _quantization_problems(self) -> list[str]:
@@ -279,7 +280,7 @@ class LoadPlan(Shown):
         if self.args.quantization is not None:
             asked = BitsAndBytesConfig(**{QUANTIZATION[self.args.quantization]: True})
         try:
-            with metabuild.quiet():
+            with meta_build.quiet():
                 device_map = check_and_set_device_map(copy.deepcopy(self.args.device_map))
                 get_hf_quantizer(copy.deepcopy(self.config.config), asked, device_map, True, {})
         except Exception as exc:
@@ -288,22 +289,22 @@ class LoadPlan(Shown):
         return []
 
     def _device_problems(self, placement: Placement) -> list[str]:
-        from nbhw.core import devicecheck
+        from nbhw.core.hardware import presence
 
-        return devicecheck.absent(list(placement.device_map.values()), self._rows, self.live.accelerator)
+        return presence.absent(list(placement.device_map.values()), self._rows, self.live.accelerator)
 
     def _flash_problems(self, placement: Placement) -> list[str]:
-        from nbhw.core import devicecheck
+        from nbhw.core.hardware import presence
 
         impl = (self.args.attn_implementation or "").removeprefix("paged|")
         m = re.fullmatch(r"flash_attention_(\d)", impl)
-        if m is None or not metabuild.flash_package_installed(int(m.group(1))):
+        if m is None or not meta_build.flash_package_installed(int(m.group(1))):
             return []
         from transformers.modeling_flash_attention_utils import FLASH_ATTENTION_COMPATIBILITY_MATRIX
 
         entry = FLASH_ATTENTION_COMPATIBILITY_MATRIX.get(int(m.group(1)), {})
         supported = [name for _, name in entry.get("supported_devices", ())]
-        used = {devicecheck.device_type(v, self.live.accelerator) for v in placement.device_map.values() if v != DISK}
+        used = {presence.device_type(v, self.live.accelerator) for v in placement.device_map.values() if v != DISK}
         off = sorted(t for t in used if t is not None and t not in supported)
         if not off:
             return []
@@ -316,27 +317,27 @@ class LoadPlan(Shown):
     @property
     def notes(self) -> list[str]:
         """What a reader should know that is not a problem: defaults left out, guesses, what was not checked."""
-        from nbhw.core import planview
+        from nbhw.core.plan import plan_view
 
-        return planview.notes(self)
+        return plan_view.notes(self)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data: arguments, code, problems, notes, estimate, placement."""
-        from nbhw.core import planview
+        from nbhw.core.plan import plan_view
 
-        return planview.to_dict(self)
+        return plan_view.to_dict(self)
 
     def text(self, *, code: bool = True) -> str:
         """The plan as text for terminals (``code=False`` leaves out the cell)."""
-        from nbhw.core import planview
+        from nbhw.core.plan import plan_view
 
-        return planview.text(self, code=code)
+        return plan_view.text(self, code=code)
 
     def html(self, *, code: bool = True) -> str:
         """The plan as an HTML fragment."""
-        from nbhw.core import planview
+        from nbhw.core.plan import plan_view
 
-        return planview.html(self, code=code)
+        return plan_view.html(self, code=code)
 
     def view(self, *, code: bool = True) -> PlanView:
         """A displayable report of this plan (``code=False``: without the cell, e.g. when it was just emitted)."""
@@ -358,8 +359,8 @@ class PlanView(Shown):
 
 
 def from_words(args: Any) -> LoadPlan:
-    """A plan from the parsed words of ``%hw load`` / ``python -m nbhw plan`` (see nbhw.words)."""
-    from nbhw.core.loadargs import device_map_from_text
+    """A plan from the parsed words of ``%hw load`` / ``python -m nbhw plan`` (see nbhw.commands)."""
+    from nbhw.core.plan.arguments import device_map_from_text
 
     return plan(
         args.model,
@@ -394,11 +395,11 @@ def plan(
     >>> print(p.code); p.check(); p.estimate; p.placement     # doctest: +SKIP
     """
     if model is None:
-        from nbhw.core.tinymodel import tiny_model_path
+        from nbhw.core.hf.tiny_model import tiny_model_path
 
         model = tiny_model_path()
     name = str(model)
-    modelconfig.kind(name)  # a mistyped path or id is a UserError now, not a problem later
+    model_config.kind(name)  # a mistyped path or id is a UserError now, not a problem later
     args = load_args(
         device_map=device_map,
         dtype=dtype,

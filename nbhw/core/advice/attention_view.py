@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from nbhw.core.fmt import esc, html_table, text_table
-from nbhw.core.views import STYLE
+from nbhw.core.hardware.detect_view import STYLE
+from nbhw.core.render import esc, html_table, text_table
 
 if TYPE_CHECKING:
-    from nbhw.core.attention import AttentionAdvice, AttentionRow
+    from nbhw.core.advice.attention import AttentionAdvice, AttentionRow
 
 HEADERS = ("attn_implementation", "status", "checked", "why", "fix")
 CSS = {

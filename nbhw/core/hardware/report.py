@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from nbhw._version import __version__
-from nbhw.core import probes
-from nbhw.core.detect import Hardware, detect
-from nbhw.core.fmt import Shown, size, text_table
+from nbhw.core.hardware import probes
+from nbhw.core.hardware.detect import Hardware, detect
+from nbhw.core.render import Shown, size, text_table
 
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
@@ -187,7 +187,7 @@ class Report(Shown):
 
     def html(self) -> str:
         """The report as HTML: the text in a <pre>, ready to copy."""
-        from nbhw.core.fmt import esc
+        from nbhw.core.render import esc
 
         return f'<div class="nbhw nbhw-report"><pre>{esc(self.text())}</pre></div>'
 

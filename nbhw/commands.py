@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from nbhw.core.errors import UserError
-from nbhw.core.loadargs import QUANTIZATION
+from nbhw.core.plan.arguments import QUANTIZATION
 
 MAGIC_COMMANDS = ("devices", "memory", "attention", "load", "report")
 CLI_COMMANDS = ("devices", "report", "attention", "plan")

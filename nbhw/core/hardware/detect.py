@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from nbhw.core import backends, choice, envcheck, nvml, probes
-from nbhw.core.fmt import Shown
-from nbhw.core.hardware import BackendStatus, Choice, DeviceInfo, EnvAnalysis, TorchBuild, to_plain
+from nbhw.core.hardware import backends, environment, nvml, probes, who_picks
+from nbhw.core.hardware.data import BackendStatus, Choice, DeviceInfo, EnvAnalysis, TorchBuild, to_plain
+from nbhw.core.render import Shown
 
 
 def torch_build() -> TorchBuild:
@@ -69,15 +69,15 @@ class Hardware(Shown):
 
     def text(self) -> str:
         """The devices view as aligned text."""
-        from nbhw.core import views
+        from nbhw.core.hardware import detect_view
 
-        return views.hardware_text(self)
+        return detect_view.hardware_text(self)
 
     def html(self) -> str:
         """The devices view as an HTML fragment."""
-        from nbhw.core import views
+        from nbhw.core.hardware import detect_view
 
-        return views.hardware_html(self)
+        return detect_view.hardware_html(self)
 
 
 def detect() -> Hardware:
@@ -87,7 +87,7 @@ def detect() -> Hardware:
     return Hardware(
         torch=torch_build(),
         backends=rows,
-        choices=choice.all_choices(rows),
-        env=envcheck.analyse(view),
+        choices=who_picks.all_choices(rows),
+        env=environment.analyse(view),
         nvidia=view,
     )

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from nbhw.core.libsource import library_file
+from nbhw.core.hf.library_source import library_file
 
 # The kernels package trusts this Hub org without allow_all_kernels=True (transformers' docs and the comments
 # around hub_kernels.ALLOW_ALL_KERNELS); the check itself lives in `kernels`, which may not be installed.

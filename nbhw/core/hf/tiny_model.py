@@ -94,7 +94,7 @@ def build(path: Path) -> Path:
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tok, unk_token="<unk>", eos_token="<|endoftext|>", pad_token="<|endoftext|>"
     )
-    from nbhw.core.metabuild import quiet
+    from nbhw.core.hf.meta_build import quiet
 
     config = tiny_config(len(tokenizer), tokenizer.convert_tokens_to_ids("<|endoftext|>"))
     torch.manual_seed(0)

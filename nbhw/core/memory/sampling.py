@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from nbhw.core import nvml
 from nbhw.core.errors import UserError
-from nbhw.core.fmt import GIB, MIB, size, text_table
+from nbhw.core.hardware import nvml
+from nbhw.core.render import GIB, MIB, size, text_table
 
 THREAD_NAME = "nbhw-sampler"
 MIN_INTERVAL = 0.05
@@ -232,7 +232,7 @@ class NvmlSource(Source):
 
 
 def _device_sources(torch: ModuleType) -> list[Source]:
-    from nbhw.core import backends
+    from nbhw.core.hardware import backends
 
     found: list[Source] = []
     for row in backends.probe_all():

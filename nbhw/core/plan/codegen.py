@@ -11,7 +11,7 @@ import ast
 from dataclasses import dataclass, field
 from typing import Any
 
-from nbhw.core.loadargs import QUANTIZATION, LoadArgs
+from nbhw.core.plan.arguments import QUANTIZATION, LoadArgs
 
 WIDTH = 88  # black's line length: what most notebook code is formatted to
 GENERATE = {"AutoModelForCausalLM", "AutoModelForSeq2SeqLM"}

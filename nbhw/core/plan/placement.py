@@ -16,10 +16,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from nbhw.core import fmt
-from nbhw.core.devicecheck import accelerator_type
-from nbhw.core.hardware import BackendStatus
-from nbhw.core.loadargs import DISK, LoadArgs
+from nbhw.core import render
+from nbhw.core.hardware.data import BackendStatus
+from nbhw.core.hardware.presence import accelerator_type
+from nbhw.core.plan.arguments import DISK, LoadArgs
 
 _patch_lock = threading.Lock()
 
@@ -80,11 +80,12 @@ class Placement:
 
 def live_memory(rows: list[BackendStatus] | None = None) -> LiveMemory:
     """Free memory per device that device_map="auto" would fill here, from nbhw's probes (NVML for NVIDIA)."""
-    from nbhw.core import backends, choice, libsource
+    from nbhw.core.hardware import backends, who_picks
+    from nbhw.core.hf import library_source
 
     rows = backends.probe_all() if rows is None else rows
-    order = libsource.auto_memory_order()
-    picked = choice.auto_devices(rows, order) if order is not None else ["cpu"]
+    order = library_source.auto_memory_order()
+    picked = who_picks.auto_devices(rows, order) if order is not None else ["cpu"]
     devices = {d.device: d for row in rows if row.usable for d in row.devices}
     cpu = devices.get("cpu")
     memory: dict[int | str, int] = {}
@@ -130,9 +131,9 @@ def _budget(live: LiveMemory) -> Iterator[bool]:
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
     """transformers' and accelerate's logs off: a hypothetical GPU is not a warning worth printing while planning."""
-    from nbhw.core import metabuild
+    from nbhw.core.hf import meta_build
 
-    with metabuild.quiet():  # first: it serialises the save and restore below across threads
+    with meta_build.quiet():  # first: it serialises the save and restore below across threads
         acc = logging.getLogger("accelerate")
         level = acc.level
         acc.setLevel(logging.ERROR)
@@ -240,7 +241,9 @@ def _too_big(shares: list[DeviceShare], budget: dict[int | str, int] | None, acc
     for share in shares:
         share.budget = (budget or {}).get(_budget_key(share.key, accelerator))
         if share.budget is not None and share.bytes > share.budget and _is_accelerator(share.key):
-            over.append(f"{share.device} needs {fmt.size(share.bytes)} for the weights, {fmt.size(share.budget)} free")
+            over.append(
+                f"{share.device} needs {render.size(share.bytes)} for the weights, {render.size(share.budget)} free"
+            )
     return over
 
 
@@ -248,7 +251,7 @@ def place(
     model: Any, args: LoadArgs, *, quantizer: Any = None, default_device: str = "cpu", live: LiveMemory | None = None
 ) -> Placement:
     """The placement ``args`` give ``model`` (meta device, target dtype) here or on the budget the user named."""
-    from nbhw.core.loadargs import strategy_names
+    from nbhw.core.plan.arguments import strategy_names
 
     user_budget = args.max_memory_bytes
     live_budget = None if user_budget is not None else live

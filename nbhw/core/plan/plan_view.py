@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from nbhw.core import fmt
+from nbhw.core import render
 
 if TYPE_CHECKING:
-    from nbhw.core.estimate import Estimate
-    from nbhw.core.placement import Placement
-    from nbhw.core.plan import LoadPlan
+    from nbhw.core.plan.estimate import Estimate
+    from nbhw.core.plan.load_plan import LoadPlan
+    from nbhw.core.plan.placement import Placement
 
 
 def count(n: int) -> str:
@@ -91,13 +91,13 @@ def _estimate_rows(e: Estimate) -> list[tuple[str, str]]:
     quant = f", {e.quantization} weights" if e.quantization else ""
     return [
         ("parameters", f"{count(e.parameters)} ({count(e.non_embedding_parameters)} without the input embedding)"),
-        ("weights", f"{fmt.size(e.total_bytes)} in {e.dtype}{quant}"),
-        ("largest layer", f"{fmt.size(e.largest_layer_bytes)}  {', '.join(e.largest_layer[:3])}"),
-        ("KV cache", "N/A" if kv is None else f"{fmt.size(kv)} per 1,000 tokens of one sequence ({growing} layers)"),
+        ("weights", f"{render.size(e.total_bytes)} in {e.dtype}{quant}"),
+        ("largest layer", f"{render.size(e.largest_layer_bytes)}  {', '.join(e.largest_layer[:3])}"),
+        ("KV cache", "N/A" if kv is None else f"{render.size(kv)} per 1,000 tokens of one sequence ({growing} layers)"),
         (
             "training",
-            f"{fmt.size(e.training_total)} for weights, gradients and Adam states together "
-            f"(largest single stage {fmt.size(e.training_peak)}); full fine-tuning in {e.training_precision} "
+            f"{render.size(e.training_total)} for weights, gradients and Adam states together "
+            f"(largest single stage {render.size(e.training_peak)}); full fine-tuning in {e.training_precision} "
             "mixed precision, batch size 1, activations not included (accelerate's figures)",
         ),
     ]
@@ -107,9 +107,9 @@ def _share_rows(p: Placement) -> list[list[str]]:
     rows = []
     for share in p.devices:
         more = f" … +{len(share.names) - 2}" if len(share.names) > 2 else ""
-        budget = fmt.size(share.budget) if share.budget is not None else ""
+        budget = render.size(share.budget) if share.budget is not None else ""
         layers = str(share.layers) if share.layers else ""
-        rows.append([share.device, layers, fmt.size(share.bytes), budget, ", ".join(share.names[:2]) + more])
+        rows.append([share.device, layers, render.size(share.bytes), budget, ", ".join(share.names[:2]) + more])
     return rows
 
 
@@ -149,7 +149,7 @@ def text(plan: LoadPlan, *, code: bool = True) -> str:
     placement = plan.placement if plan.config.available else None
     if placement is not None:
         lines += [f"Placement: {placement.verdict}", f"  {_placement_title(plan, placement)}"]
-        lines += [fmt.text_table(SHARE_HEADERS, _share_rows(placement), indent="  "), ""]
+        lines += [render.text_table(SHARE_HEADERS, _share_rows(placement), indent="  "), ""]
     extra = notes(plan)
     if extra:
         lines += ["Notes", *(f"  - {n}" for n in extra)]
@@ -158,7 +158,7 @@ def text(plan: LoadPlan, *, code: bool = True) -> str:
 
 def html(plan: LoadPlan, *, code: bool = True) -> str:
     """The plan as an HTML fragment (every value escaped)."""
-    esc = fmt.esc
+    esc = render.esc
     parts = [f'<div class="nbhw-plan"><p><b>{esc(_header(plan))}</b></p>']
     if code:
         parts.append(f'<pre class="nbhw-code">{esc(plan.code)}</pre>')
@@ -167,11 +167,13 @@ def html(plan: LoadPlan, *, code: bool = True) -> str:
     parts.append(f"<p><b>{esc(_problems_title(problems))}</b></p>" + (f"<ul>{items}</ul>" if items else ""))
     estimate = plan.estimate if plan.config.available else None
     if estimate is not None:
-        parts.append("<p><b>Estimate</b></p>" + fmt.html_table(("", ""), [list(r) for r in _estimate_rows(estimate)]))
+        parts.append(
+            "<p><b>Estimate</b></p>" + render.html_table(("", ""), [list(r) for r in _estimate_rows(estimate)])
+        )
     placement = plan.placement if plan.config.available else None
     if placement is not None:
         parts.append(f"<p><b>Placement: {esc(placement.verdict)}</b><br>{esc(_placement_title(plan, placement))}</p>")
-        parts.append(fmt.html_table(SHARE_HEADERS, _share_rows(placement)))
+        parts.append(render.html_table(SHARE_HEADERS, _share_rows(placement)))
     extra = notes(plan)
     if extra:
         parts.append("<p><b>Notes</b></p><ul>" + "".join(f"<li>{esc(n)}</li>" for n in extra) + "</ul>")

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 from nbhw.core.errors import UserError
 
 if TYPE_CHECKING:
-    from nbhw.core.attention import AttentionAdvice
-    from nbhw.core.detect import Hardware
-    from nbhw.core.plan import LoadPlan
+    from nbhw.core.advice.attention import AttentionAdvice
+    from nbhw.core.hardware.detect import Hardware
+    from nbhw.core.plan.load_plan import LoadPlan
 
 NO_DEVICE_MAP = "none"
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -145,7 +145,7 @@ def default_model() -> str:
     cached = cached_models()
     if cached:
         return cached[0]
-    from nbhw.core.tinymodel import tiny_model_path
+    from nbhw.core.hf.tiny_model import tiny_model_path
 
     return str(tiny_model_path())
 
@@ -155,7 +155,7 @@ def default_model() -> str:
 
 def device_map_word(value: Any) -> str:
     """The word for a device_map value as from_pretrained takes it (None -> "none", dicts as literals)."""
-    from nbhw.core import codegen
+    from nbhw.core.plan import codegen
 
     if value is None:
         return NO_DEVICE_MAP
@@ -180,10 +180,10 @@ def memory_pairs(value: Any) -> tuple[tuple[str, str], ...]:
 def target_device(device_map: str, hardware: Hardware) -> str | None:
     """The device the attention and dtype advice are for: the one device_map names, else the advisor's pick."""
     if device_map == NO_DEVICE_MAP:
-        from nbhw.core.choice import from_pretrained_default
+        from nbhw.core.hardware.who_picks import from_pretrained_default
 
         return from_pretrained_default().device
-    from nbhw.core.attention import device_types
+    from nbhw.core.advice.attention import device_types
 
     m = re.fullmatch(r"([a-z]+)(?::\d+)?", device_map)
     if m is None or m.group(1) not in device_types():
@@ -192,14 +192,14 @@ def target_device(device_map: str, hardware: Hardware) -> str | None:
 
 
 def _device_options(hardware: Hardware) -> list[Option]:
-    from nbhw.core.loadargs import strategy_names
+    from nbhw.core.plan.arguments import strategy_names
 
     options = [Option(name, name) for name in strategy_names()]
     for device in hardware.devices:
         if device.device not in [o.value for o in options]:
             name = f" · {device.name}" if device.name and device.device != "cpu" else ""
             options.append(Option(device.device, f"{device.device}{name}"))
-    from nbhw.core.choice import from_pretrained_default
+    from nbhw.core.hardware.who_picks import from_pretrained_default
 
     default = from_pretrained_default().device
     options.append(Option(NO_DEVICE_MAP, f"none (from_pretrained loads on {default})"))
@@ -207,7 +207,7 @@ def _device_options(hardware: Hardware) -> list[Option]:
 
 
 def _memory_fields(hardware: Hardware) -> list[MemoryField]:
-    from nbhw.core.placement import device_name, live_memory
+    from nbhw.core.plan.placement import device_name, live_memory
 
     live = live_memory(hardware.backends)
     return [MemoryField(str(key), device_name(key, live.accelerator), free) for key, free in live.max_memory.items()]
@@ -234,7 +234,7 @@ def bitsandbytes_here() -> tuple[bool, str]:
 
 
 def _quantization_options() -> tuple[list[Option], str]:
-    from nbhw.core.loadargs import QUANTIZATION
+    from nbhw.core.plan.arguments import QUANTIZATION
 
     options = [Option(None, "none")]
     usable, note = bitsandbytes_here()
@@ -248,7 +248,7 @@ def _mark(status: str) -> str:
 
 
 def _attention_options(advice: AttentionAdvice) -> list[Option]:
-    from nbhw.core.attention import HUB, WORKS
+    from nbhw.core.advice.attention import HUB, WORKS
 
     options = [Option(None, f"default ({advice.default.resolves_to})", True, advice.default.reason)]
     for row in advice.rows:
@@ -261,7 +261,7 @@ def _attention_options(advice: AttentionAdvice) -> list[Option]:
 
 def _advice(model: str, device: str | None, dtype: str | None, offline: bool) -> tuple[AttentionAdvice, str | None]:
     """The advisor's answer for the model; for the hardware alone when the model's config can't be read."""
-    from nbhw.core.attention import advise
+    from nbhw.core.advice.attention import advise
 
     wanted = dtype if dtype in DTYPES else None
     try:
@@ -272,7 +272,7 @@ def _advice(model: str, device: str | None, dtype: str | None, offline: bool) ->
 
 def choices(model: str, *, device_map: str = "auto", dtype: str | None = None, offline: bool = False) -> Choices:
     """The options of every control for ``model`` on this machine; the advice is for the device device_map names."""
-    from nbhw.core.detect import detect
+    from nbhw.core.hardware.detect import detect
 
     hardware = detect()
     advice, problem = _advice(model, target_device(device_map, hardware), dtype, offline)
@@ -299,8 +299,8 @@ def choices(model: str, *, device_map: str = "auto", dtype: str | None = None, o
 
 def make_plan(form: Form) -> LoadPlan:
     """The plan a form asks for; a UserError naming the entry when one is a mistake."""
-    from nbhw.core.loadargs import device_map_from_text
-    from nbhw.core.plan import plan
+    from nbhw.core.plan.arguments import device_map_from_text
+    from nbhw.core.plan.load_plan import plan
 
     if not form.model.strip():
         raise UserError("model: give a Hub id like 'org/name' or the folder of a local model")
@@ -320,7 +320,7 @@ def units(plan: LoadPlan) -> list[Unit]:
     """The placement as blocks in model order: each decoder layer, and each other module holding weights."""
     from transformers.integrations.accelerate import compute_module_sizes
 
-    from nbhw.core.placement import _layer_names, device_name
+    from nbhw.core.plan.placement import _layer_names, device_name
 
     model, placement = plan.meta_model, plan.placement
     if model is None or placement is None or not placement.device_map:
@@ -352,14 +352,14 @@ def _device_of(module: str, device_map: dict[str, int | str]) -> int | str:
 
 def preview(form: Form) -> Preview:
     """The code and findings of a form; a Preview holding a one-line message when an entry is a mistake."""
-    from nbhw.core import metabuild
+    from nbhw.core.hf import meta_build
 
     try:
         plan = make_plan(form)
         code = plan.code.rstrip("\n")
         problems = plan.check()
         placement = plan.placement if plan.config.available else None
-        with metabuild.quiet():
+        with meta_build.quiet():
             blocks = units(plan) if placement is not None else []
     except UserError as exc:
         return Preview(form, error=str(exc))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from nbhw.core.hardware import BackendStatus
+from nbhw.core.hardware.data import BackendStatus
 
 NOT_DEVICES = {"cpu", "disk", "meta"}
 

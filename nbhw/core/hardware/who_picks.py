@@ -1,7 +1,7 @@
 """Who picks what here: from_pretrained, device_map="auto", TrainingArguments, pipeline(), Accelerator.
 
 Computed from the rows detection found and from the orders read out of the installed libraries (see
-:mod:`nbhw.core.libsource`); nothing here calls the library functions themselves, since they would
+:mod:`nbhw.core.hf.library_source`); nothing here calls the library functions themselves, since they would
 initialise CUDA or set the current device.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import sys
 
-from nbhw.core import libsource
-from nbhw.core.hardware import BackendStatus, Choice
-from nbhw.core.libsource import Order
+from nbhw.core.hardware.data import BackendStatus, Choice
+from nbhw.core.hf import library_source
+from nbhw.core.hf.library_source import Order
 
 # Backends that device_map="auto" never places on: their device string must be passed explicitly.
 EXPLICIT_ONLY = ("neuron", "tpu")
@@ -142,8 +142,8 @@ def all_choices(rows: list[BackendStatus]) -> list[Choice]:
     """Every entry point's pick, in the order a user meets them."""
     return [
         from_pretrained_default(),
-        device_map_auto(rows, libsource.auto_memory_order()),
-        trainer(rows, libsource.trainer_order()),
-        pipeline(rows, libsource.pipeline_order()),
-        accelerator(rows, libsource.accelerate_default_order()),
+        device_map_auto(rows, library_source.auto_memory_order()),
+        trainer(rows, library_source.trainer_order()),
+        pipeline(rows, library_source.pipeline_order()),
+        accelerator(rows, library_source.accelerate_default_order()),
     ]

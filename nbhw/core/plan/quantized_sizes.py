@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nbhw.core.loadargs import QUANTIZATION
+from nbhw.core.plan.arguments import QUANTIZATION
 
 
 class PlanningQuantizer:

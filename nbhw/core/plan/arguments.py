@@ -44,7 +44,7 @@ class LoadArgs:
 
 
 def _hf_quiet() -> Any:
-    from nbhw.core.metabuild import quiet
+    from nbhw.core.hf.meta_build import quiet
 
     return quiet()
 
@@ -204,7 +204,7 @@ def check_attn(value: Any) -> str | None:
         return None
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from nbhw.core.metabuild import is_hub_kernel
+    from nbhw.core.hf.meta_build import is_hub_kernel
 
     keys = ["eager", *sorted(set(ALL_ATTENTION_FUNCTIONS.valid_keys()) - {"eager"})]
     if isinstance(value, str) and (value.removeprefix("paged|") in keys or is_hub_kernel(value)):

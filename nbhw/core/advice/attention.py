@@ -4,7 +4,7 @@ Every row comes from the installed transformers: the keys from its attention reg
 from its compatibility matrix, the Hub fallbacks from its kernel tables. nbhw first reads those rules for the
 target device; then, where a build here can answer (the row doesn't depend on a device this process can't see,
 and nothing would be downloaded), it builds the model on the meta device with that ``attn_implementation``
-(:func:`nbhw.core.metabuild.build`, the validation ``from_pretrained`` runs) and reports what transformers did.
+(:func:`nbhw.core.hf.meta_build.build`, the validation ``from_pretrained`` runs) and reports what transformers did.
 """
 
 from __future__ import annotations
@@ -13,15 +13,16 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nbhw.core import kernelmap, metabuild, precision
+from nbhw.core.advice import precision
+from nbhw.core.advice.precision import DtypeAdvice
 from nbhw.core.errors import UserError
-from nbhw.core.fmt import Shown
-from nbhw.core.hardware import DeviceInfo, to_plain
-from nbhw.core.kernelmap import KernelEntry
-from nbhw.core.precision import DtypeAdvice
+from nbhw.core.hardware.data import DeviceInfo, to_plain
+from nbhw.core.hf import kernel_tables, meta_build
+from nbhw.core.hf.kernel_tables import KernelEntry
+from nbhw.core.render import Shown
 
 if TYPE_CHECKING:
-    from nbhw.core.detect import Hardware
+    from nbhw.core.hardware.detect import Hardware
 
 WORKS = "works"
 WONT = "won't work"
@@ -70,7 +71,7 @@ class Target:
 
 def device_types() -> list[str]:
     """The device strings nbhw accepts: every backend's device, and 'rocm' for an AMD GPU (whose device is cuda)."""
-    from nbhw.core import backends
+    from nbhw.core.hardware import backends
 
     found = []
     for b in backends.registry():
@@ -156,18 +157,18 @@ class ModelFacts:
 
 def model_facts(model: str | None, offline: bool) -> ModelFacts:
     """The config (offline unless allowed) and the class flags; the tiny Qwen3's config when no model is given."""
-    from nbhw.core import modelconfig, tinymodel
+    from nbhw.core.hf import model_config, tiny_model
 
     if model is None:
-        config, source = tinymodel.tiny_config(), None
+        config, source = tiny_model.tiny_config(), None
     else:
-        found = modelconfig.load(model, offline=offline)
+        found = model_config.load(model, offline=offline)
         if not found.available:
             raise UserError(f"{model}: {found.problem}")
         config, source = found.config, found.source
-    auto = metabuild.auto_class_name(config)
+    auto = meta_build.auto_class_name(config)
     try:
-        cls = metabuild.model_class(config, auto)
+        cls = meta_build.model_class(config, auto)
     except KeyError:
         raise UserError(f"{model}: transformers has no {auto} for model type {config.model_type!r}") from None
     compatible = getattr(cls, "_compatible_flash_implementations", None)
@@ -263,7 +264,7 @@ def _flash_rule(key: str, version: int, env: Env) -> Verdict:
     names = [name for _, name in entry["supported_devices"]]
     custom = [_device_name(check) for check, _ in entry.get("custom_supported_devices", ())]
     package = flash_package(version)
-    installed = metabuild.flash_package_installed(version)
+    installed = meta_build.flash_package_installed(version)
     general = installed and family in names and family not in custom
     repo = env.fallback.get(key)
     where = ", ".join(names)
@@ -350,9 +351,9 @@ def _hub_rule(key: str, env: Env) -> Verdict:
         why = f"{repo} has builds for {', '.join(devices)} only, not {t.device_type}"
         return Verdict(WONT, why, "use sdpa on this device", device_dependent=True, downloads=repo)
     verdict = Verdict(HUB, f"transformers downloads {repo} from the Hub at load", None, True, downloads=repo)
-    trusted = repo.split("/")[0] == kernelmap.TRUSTED_ORG or key in (m.compatible_flash or [])
+    trusted = repo.split("/")[0] == kernel_tables.TRUSTED_ORG or key in (m.compatible_flash or [])
     if not trusted:
-        verdict.fix = f"pass allow_all_kernels=True: only {kernelmap.TRUSTED_ORG} repos are trusted without it"
+        verdict.fix = f"pass allow_all_kernels=True: only {kernel_tables.TRUSTED_ORG} repos are trusted without it"
     if not devices:
         verdict.notes.append(f"whether {repo} has a build for {t.device_type} is known only at load (network)")
     return verdict
@@ -376,7 +377,7 @@ def rule(key: str, env: Env) -> Verdict:
     flash = FLASH_KEY.match(key)
     if flash and int(flash.group(1)) in _matrix():
         return _flash_rule(key, int(flash.group(1)), env)
-    if metabuild.is_hub_kernel(key):
+    if meta_build.is_hub_kernel(key):
         return _hub_rule(key, env)
     if key == "sdpa" and not m.supports_sdpa:
         return Verdict(WONT, f"{m.class_name} has no sdpa attention", f"{NO_SUPPORT}; use eager")
@@ -427,8 +428,8 @@ class AttentionRow:
     notes: list[str] = field(default_factory=list)
 
 
-def _build(key: str | None, env: Env) -> metabuild.MetaBuild:
-    return metabuild.build(env.model.config, dtype=env.dtype, attn_implementation=key, auto_name=env.model.auto_class)
+def _build(key: str | None, env: Env) -> meta_build.MetaBuild:
+    return meta_build.build(env.model.config, dtype=env.dtype, attn_implementation=key, auto_name=env.model.auto_class)
 
 
 def _first_sentence(text: str) -> str:
@@ -451,7 +452,7 @@ def check(key: str, kind: str, env: Env) -> AttentionRow:
         why = f"{t.device} is not here" if not t.present else f"it runs on {t.seen} here"
         row.check = f"read from transformers' rules: {why}, so a build can't check {t.device_type}"
         return row
-    if metabuild.needs_download(key) and v.status != WONT:
+    if meta_build.needs_download(key) and v.status != WONT:
         # metabuild's coarser guard: never build when a download is possible, even where the rules say none.
         row.check = "not checked: a build here might download a Hub kernel"
         return row
@@ -538,15 +539,15 @@ class AttentionAdvice(Shown):
 
     def text(self) -> str:
         """The advice as aligned text."""
-        from nbhw.core import attnview
+        from nbhw.core.advice import attention_view
 
-        return attnview.text(self)
+        return attention_view.text(self)
 
     def html(self) -> str:
         """The advice as an HTML fragment."""
-        from nbhw.core import attnview
+        from nbhw.core.advice import attention_view
 
-        return attnview.html(self)
+        return attention_view.html(self)
 
 
 def registry_keys() -> list[str]:
@@ -584,7 +585,7 @@ def parse_kernel(kernel: str | None) -> str | None:
     if kernel is None:
         return None
     value = kernel.strip()
-    if not metabuild.is_hub_kernel(value):
+    if not meta_build.is_hub_kernel(value):
         raise UserError(f"--kernel {kernel!r} is not a Hub kernel id; valid: ORG/REPO, ORG/REPO@REV, ORG/REPO[:FUNC]")
     return value
 
@@ -605,12 +606,12 @@ def _default(env: Env) -> DefaultAttention:
 
 def _kernels_advice(env: Env, example_model: str) -> KernelsAdvice:
     t = env.target
-    mapping = kernelmap.default_mapping()
-    keys = kernelmap.kernel_config_devices()
+    mapping = kernel_tables.default_mapping()
+    keys = kernel_tables.kernel_config_devices()
     layers = mapping.for_device(t.device_type)
-    cls = metabuild.model_class(env.model.config, env.model.auto_class)
-    model_layers = kernelmap.model_kernel_layers(cls)
-    enabled, env_value = kernelmap.hub_kernels_enabled()
+    cls = meta_build.model_class(env.model.config, env.model.auto_class)
+    model_layers = kernel_tables.model_kernel_layers(cls)
+    enabled, env_value = kernel_tables.hub_kernels_enabled()
     fix = None
     if not env.kernels_ok:
         ok, why, fix = False, f"use_kernels=True needs the kernels package: {env.kernels_why}", _kernels_install(env)
@@ -631,7 +632,7 @@ def _kernels_advice(env: Env, example_model: str) -> KernelsAdvice:
 def _kernel_example(
     device_key: str, keys: list[str], layers: list[KernelEntry], model_layers: list[str], model: str
 ) -> str:
-    from nbhw.core.codegen import py_str
+    from nbhw.core.plan.codegen import py_str
 
     name = py_str(model)  # a folder may hold quotes or backslashes: the example stays valid Python
     if device_key not in keys:
@@ -674,7 +675,7 @@ def _silent(env: Env, adv_default: DefaultAttention) -> list[str]:
         f"attn_implementation=None (the default) {adv_default.reason}",
         f"flash_attention_N without its package, but with kernels>={low},<{high}, silently downloads a Hub "
         f"kernel at load ({fallbacks}); {here}",
-        f"Hub kernels outside {kernelmap.TRUSTED_ORG}/ load only with from_pretrained(..., allow_all_kernels=True)",
+        f"Hub kernels outside {kernel_tables.TRUSTED_ORG}/ load only with from_pretrained(..., allow_all_kernels=True)",
     ]
 
 
@@ -696,7 +697,7 @@ def advise(
     """
     import transformers
 
-    from nbhw.core.detect import detect
+    from nbhw.core.hardware.detect import detect
 
     hw = detect()
     target = parse_device(device, hw)
@@ -705,7 +706,7 @@ def advise(
     facts = model_facts(model, offline)
     advice = precision.advise(target.device, target.device_type, target.info, target.count)
     chosen = _resolve_dtype(wanted, advice, facts)
-    kernels_ok, kernels_why = metabuild.kernels_status()
+    kernels_ok, kernels_why = meta_build.kernels_status()
     from transformers.utils import import_utils
 
     env = Env(
@@ -715,8 +716,8 @@ def advise(
         kernels_ok=kernels_ok,
         kernels_why=kernels_why,
         kernels_range=(import_utils.KERNELS_MIN_VERSION, import_utils.KERNELS_MAX_VERSION),
-        fallback=kernelmap.flash_kernel_fallback(rocm=target.device_type == "rocm"),
-        kernel_devices=kernelmap.flash_kernel_devices(),
+        fallback=kernel_tables.flash_kernel_fallback(rocm=target.device_type == "rocm"),
+        kernel_devices=kernel_tables.flash_kernel_devices(),
     )
     rows = [check(key, kind, env) for key, kind in keys_and_kinds(env, user_kernel)]
     default = _default(env)

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
-from nbhw.core import cudaenv, nvml
-from nbhw.core.hardware import DeviceInfo, Probed
+from nbhw.core.hardware import nvml, visible_devices
+from nbhw.core.hardware.data import DeviceInfo, Probed
 
 CUDA_WHEELS = "https://download.pytorch.org/whl/cu128"
 ROCM_WHEELS = "https://download.pytorch.org/whl/rocm6.4"
@@ -175,7 +175,7 @@ def probe_cuda_nvidia() -> Probed:
         return Probed(False, view.error, "install the NVIDIA driver (nvidia-smi must work)")
     if not view.gpus:
         return Probed(False, "the NVIDIA driver is loaded but sees no GPU", "check nvidia-smi; on a VM, attach a GPU")
-    visible = cudaenv.visible_gpus(view.gpus)
+    visible = visible_devices.visible_gpus(view.gpus)
     if visible.hides_all:
         return Probed(
             False,

@@ -10,8 +10,9 @@ import ast
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from nbhw.core import libsource, probes
-from nbhw.core.hardware import DeviceInfo
+from nbhw.core.hardware import probes
+from nbhw.core.hardware.data import DeviceInfo
+from nbhw.core.hf import library_source
 
 DTYPES = ("float32", "float16", "bfloat16", "auto")
 AMPERE = 8  # compute capability major of Ampere: native bf16 and tf32 (torch.cuda.is_bf16_supported's rule)
@@ -140,14 +141,14 @@ def _other(info: DeviceInfo | None, device_type: str) -> tuple[str, str, str | N
 @lru_cache(maxsize=1)
 def distributed_backends() -> dict[str, str]:
     """Device family -> torch.distributed backend, read from accelerate's ``PartialState._prepare_backend``."""
-    path = libsource.library_file("accelerate", "state.py")
-    source = libsource.function_source(path, "PartialState._prepare_backend") if path else None
+    path = library_source.library_file("accelerate", "state.py")
+    source = library_source.function_source(path, "PartialState._prepare_backend") if path else None
     found: dict[str, str] = {}
     if source is None:
         return found
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.If):
-            probe = libsource._probe_of(node.test)
+            probe = library_source._probe_of(node.test)
             if probe is None:
                 continue
             for stmt in ast.walk(ast.Module(body=node.body, type_ignores=[])):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from nbhw.core import cudaenv
-from nbhw.core.hardware import EnvAnalysis, EnvVar
-from nbhw.core.nvml import NvmlView
+from nbhw.core.hardware import visible_devices
+from nbhw.core.hardware.data import EnvAnalysis, EnvVar
+from nbhw.core.hardware.nvml import NvmlView
 
 ALWAYS_SHOWN = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "ACCELERATE_TORCH_DEVICE", "HF_HUB_OFFLINE")
 SHOWN_WHEN_SET = (
@@ -74,7 +74,7 @@ def variables() -> list[EnvVar]:
     return [EnvVar(n, os.environ.get(n), _meaning(n, os.environ.get(n))) for n in names]
 
 
-def _init_warning(visible: cudaenv.VisibleGpus) -> str | None:
+def _init_warning(visible: visible_devices.VisibleGpus) -> str | None:
     """CUDA initialised with another CUDA_VISIBLE_DEVICES than the one in os.environ now."""
     actual = visible.initialised_rows
     if actual is None:
@@ -94,7 +94,7 @@ def analyse(view: NvmlView) -> EnvAnalysis:
     result = EnvAnalysis(variables=variables())
     if not view.available or not view.gpus:
         return result
-    visible = cudaenv.visible_gpus(view.gpus)
+    visible = visible_devices.visible_gpus(view.gpus)
     result.gpu_order = visible.initialised_rows or visible.rows
     result.gpu_order_exact = visible.exact
     result.warnings.extend(visible.problems)

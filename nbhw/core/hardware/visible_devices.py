@@ -12,8 +12,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from nbhw.core.hardware import GpuOrderRow
-from nbhw.core.nvml import NvmlGpu
+from nbhw.core.hardware.data import GpuOrderRow
+from nbhw.core.hardware.nvml import NvmlGpu
 
 
 @dataclass

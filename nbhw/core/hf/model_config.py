@@ -77,7 +77,7 @@ def kind(model: str) -> str:
 def _from_pretrained(where: str, **kwargs: Any) -> Any:
     from transformers import AutoConfig
 
-    from nbhw.core.metabuild import quiet
+    from nbhw.core.hf.meta_build import quiet
 
     # Quiet: transformers logs about odd configs (an unknown rope type) from whichever thread reads them, the
     # panel's worker included; what matters comes back as the problem or the dry run.

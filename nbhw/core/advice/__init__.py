@@ -1,0 +1,1 @@
+"""Advice for one model on one device: attention implementations, Hub kernels, dtype."""
