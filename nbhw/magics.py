@@ -120,7 +120,7 @@ class HwMagics(Magics):
 
 
 def _memory() -> Any:
-    # The memory module is imported only by %hw memory / nbhw.monitor(): until then a cell hook costs a dict lookup.
+    # The memory family is imported only by %hw memory / nbhw.monitor(): until then a cell hook costs a dict lookup.
     return sys.modules.get("nbhw.core.memory")
 
 
