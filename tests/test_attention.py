@@ -17,8 +17,9 @@ import pytest
 from IPython.core.error import UsageError
 
 from nbhw.__main__ import main
-from nbhw.core.advice import attention
-from nbhw.core.advice.attention import DEPENDS, DOWNLOAD, HUB, STATUSES, WONT, WORKS, advise
+from nbhw.core.advice import attention, attention_rules
+from nbhw.core.advice.attention import advise
+from nbhw.core.advice.status import STATUSES, Status
 from nbhw.core.errors import UserError
 from nbhw.core.hf import kernel_tables, meta_build
 from nbhw.core.hf.library_source import library_file
@@ -142,10 +143,10 @@ def test_every_row_agrees_with_a_meta_build_by_transformers(models: dict[str, Pa
         assert key in keys, f"{key} listed by transformers but not advised"
     config = _configs()[name]
     for row in adv.rows:
-        assert row.status in {WORKS, WONT}, (row.key, row.status)  # nothing downloads on this machine
+        assert row.status in {Status.WORKS, Status.WONT}, (row.key, row.status)  # nothing downloads on this machine
         assert row.checked, row.key
         ok, resolved = transformers_builds(config, adv.auto_class, row.key, "bfloat16")
-        assert ok == (row.status == WORKS), (row.key, row.status, row.reason)
+        assert ok == (row.status == Status.WORKS), (row.key, row.status, row.reason)
         if ok and resolved != row.key:
             assert row.resolves_to == resolved, row.key
 
@@ -160,7 +161,7 @@ def test_the_rules_nbhw_reads_agree_with_the_build_without_correction(models: di
 def test_a_model_with_its_own_attention_table_is_corrected_by_the_build(models: dict[str, Path]) -> None:
     adv = advise(str(models["gptneo"]), device="cpu")
     paged = adv.row("paged|eager")
-    assert paged.status == WONT and paged.checked and paged.error
+    assert paged.status == Status.WONT and paged.checked and paged.error
     assert any("nbhw's reading" in n for n in paged.notes)
 
 
@@ -171,10 +172,10 @@ def test_model_flags_drive_the_rows(models: dict[str, Path]) -> None:
     cls = transformers.BloomForCausalLM
     assert not (cls._supports_sdpa or cls._supports_flash_attn or cls._supports_flex_attn)
     for key in ("sdpa", "flex_attention", "flash_attention_2", "kernels-community/flash-attn2"):
-        assert bloom.row(key).status == WONT
-        assert attention.NO_SUPPORT in (bloom.row(key).fix or ""), key
+        assert bloom.row(key).status == Status.WONT
+        assert attention_rules.NO_SUPPORT in (bloom.row(key).fix or ""), key
     gpt2 = advise(str(models["gpt2"]), device="cpu")
-    assert gpt2.row("flex_attention").status == WONT and gpt2.row("sdpa").status == WORKS
+    assert gpt2.row("flex_attention").status == Status.WONT and gpt2.row("sdpa").status == Status.WORKS
 
 
 @pytest.mark.parametrize(("name", "default"), [("qwen3", "sdpa"), ("bloom", "eager"), ("gptneo", "eager")])
@@ -190,7 +191,7 @@ def test_none_means_sdpa_and_silently_eager_without_it(models: dict[str, Path], 
 def test_without_a_model_the_hardware_alone_is_checked_with_the_reference_class() -> None:
     adv = advise(device="cpu")
     assert adv.model is None and adv.model_class == "Qwen3ForCausalLM"
-    assert adv.row("sdpa").status == WORKS and adv.row("sdpa").checked
+    assert adv.row("sdpa").status == Status.WORKS and adv.row("sdpa").checked
     assert "No model given" in adv.text()
 
 
@@ -202,7 +203,7 @@ def test_kernels_out_of_range_turns_every_hub_feature_off_and_says_the_range() -
     adv = advise(device="cpu")
     rng = f"kernels>={import_utils.KERNELS_MIN_VERSION},<{import_utils.KERNELS_MAX_VERSION}"
     for key in metabuild_fallbacks():
-        assert adv.row(key).status == WONT and rng in (adv.row(key).fix or "")
+        assert adv.row(key).status == Status.WONT and rng in (adv.row(key).fix or "")
     assert not adv.kernels.use_kernels and rng in (adv.kernels.fix or "")
 
 
@@ -219,7 +220,7 @@ def _need(version: int) -> int:
     from transformers.modeling_flash_attention_utils import FLASH_ATTENTION_COMPATIBILITY_MATRIX
 
     # FA3/FA4 from transformers' matrix; FA2's Ampere floor is flash-attn's own (the matrix doesn't hold it).
-    return FLASH_ATTENTION_COMPATIBILITY_MATRIX[version].get("cuda_min_major_version") or attention.FA2_MIN_MAJOR
+    return FLASH_ATTENTION_COMPATIBILITY_MATRIX[version].get("cuda_min_major_version") or attention_rules.FA2_MIN_MAJOR
 
 
 @pytest.mark.parametrize("cc", [(7, 5), (8, 0), (9, 0)])
@@ -236,13 +237,13 @@ def test_fake_nvidia_gpu_gives_the_flash_rows_of_its_generation(
         row = adv.row(f"flash_attention_{version}")
         if not installed:
             # transformers checks the package before the device: a build here says the same, so it is checked.
-            assert row.status == WONT and row.checked and attention.flash_package(version) in row.reason
+            assert row.status == Status.WONT and row.checked and attention_rules.flash_package(version) in row.reason
         elif cc[0] >= _need(version):
-            assert row.status == WORKS and not row.checked, (version, row)
+            assert row.status == Status.WORKS and not row.checked, (version, row)
             assert "read from transformers' rules" in row.check
         else:
-            assert row.status == WONT and f"compute capability {_need(version)}.0" in row.reason, (version, row)
-    assert adv.row("sdpa").checked and adv.row("sdpa").status == WORKS
+            assert row.status == Status.WONT and f"compute capability {_need(version)}.0" in row.reason, (version, row)
+    assert adv.row("sdpa").checked and adv.row("sdpa").status == Status.WORKS
 
 
 @pytest.mark.parametrize(("cc", "dtype", "flag"), [((7, 5), "float16", "fp16=True"), ((8, 0), "bfloat16", "bf16=True")])
@@ -261,7 +262,7 @@ def test_float32_with_flash_attention_says_to_use_half_precision(
     fake_hw.nvidia(FakeGpu(cc=(9, 0)))
     fake_flash_packages(monkeypatch, "flash-attn")
     row = advise(str(models["llama"]), dtype="float32").row("flash_attention_2")
-    assert row.status == WORKS and "bfloat16" in (row.fix or "") and any("only warns" in n for n in row.notes)
+    assert row.status == Status.WORKS and "bfloat16" in (row.fix or "") and any("only warns" in n for n in row.notes)
 
 
 def test_fake_rocm_gpu_uses_the_rocm_kernel_table(
@@ -277,7 +278,7 @@ def test_fake_rocm_gpu_uses_the_rocm_kernel_table(
     assert adv.precision.dtype == "bfloat16"
     fake_flash_packages(monkeypatch, "flash-attn", "flash-attn-3")
     adv = advise(str(models["qwen3"]))
-    assert adv.row("flash_attention_2").status == WORKS and adv.row("flash_attention_3").status == WORKS
+    assert adv.row("flash_attention_2").status == Status.WORKS and adv.row("flash_attention_3").status == Status.WORKS
 
 
 def test_fake_xpu_npu_and_tpu_follow_transformers_device_rules(
@@ -289,14 +290,14 @@ def test_fake_xpu_npu_and_tpu_follow_transformers_device_rules(
     xpu = advise(str(models["qwen3"]))
     assert xpu.device == "xpu:0"
     # On XPU transformers takes FlashAttention 2 from a Hub kernel, so without kernels it can't work.
-    assert xpu.row("flash_attention_2").status == WONT and "kernels" in xpu.row("flash_attention_2").reason
+    assert xpu.row("flash_attention_2").status == Status.WONT and "kernels" in xpu.row("flash_attention_2").reason
     fake_kernels_package(monkeypatch)
-    assert advise(str(models["qwen3"])).row("flash_attention_2").status == DOWNLOAD
+    assert advise(str(models["qwen3"])).row("flash_attention_2").status == Status.DOWNLOAD
     fake_hw.plugin("npu", "torch_npu", FakeGpu(name="Ascend 910B"))
     npu = advise(str(models["qwen3"]), device="npu:0")
     # transformers runs its own FlashAttention 2 on Ascend (no package, no Hub kernel); FA3 is CUDA-only.
-    assert npu.present and npu.row("flash_attention_2").status == WORKS
-    assert npu.row("flash_attention_3").status == WONT
+    assert npu.present and npu.row("flash_attention_2").status == Status.WORKS
+    assert npu.row("flash_attention_3").status == Status.WONT
     from transformers.utils import import_utils
 
     fake_hw.tpu()
@@ -309,7 +310,7 @@ def test_fake_xpu_npu_and_tpu_follow_transformers_device_rules(
         flex_check.cache_clear()
     assert tpu.present and tpu.live and tpu.precision.dtype == "bfloat16"
     flex = tpu.row("flex_attention")
-    assert flex.status == WONT and flex.checked and flex.check == "meta build agrees"
+    assert flex.status == Status.WONT and flex.checked and flex.check == "meta build agrees"
 
 
 def test_a_device_that_is_valid_but_absent_is_advised_and_says_so(
@@ -320,7 +321,7 @@ def test_a_device_that_is_valid_but_absent_is_advised_and_says_so(
     assert "not present here" in adv.text()
     fake_flash_packages(monkeypatch, "flash-attn-3")
     row = advise(str(models["qwen3"]), device="cuda").row("flash_attention_3")
-    assert row.status == DEPENDS and "not here to check" in row.reason
+    assert row.status == Status.DEPENDS and "not here to check" in row.reason
 
 
 def test_rows_that_would_download_are_never_built(
@@ -332,17 +333,17 @@ def test_rows_that_would_download_are_never_built(
     adv = advise(str(models["qwen3"]), kernel="acme/my-attn:attention")
     for key in ("flash_attention_2", "kernels-community/flash-attn2", "acme/my-attn:attention"):
         row = adv.row(key)
-        assert row.status == DOWNLOAD and not row.checked and "download" in row.check, key
+        assert row.status == Status.DOWNLOAD and not row.checked and "download" in row.check, key
         assert key not in built
     assert "allow_all_kernels=True" in (adv.row("acme/my-attn:attention").fix or "")
     assert adv.row("flash_attention_2").resolves_to == "kernels-community/flash-attn2"
     # Without a model the rules' answer stands: the Hub kernel is what transformers would use.
-    assert advise().row("flash_attention_2").status == HUB
+    assert advise().row("flash_attention_2").status == Status.HUB
 
 
 def test_a_user_kernel_without_kernels_is_checked_and_wont_work(models: dict[str, Path]) -> None:
     row = advise(str(models["qwen3"]), device="cpu", kernel="acme/my-attn").row("acme/my-attn")
-    assert row.kind == "your kernel" and row.status == WONT and row.checked
+    assert row.kind == "your kernel" and row.status == Status.WONT and row.checked
 
 
 # ---------------------------------------------------------------- reading transformers' tables honestly
@@ -477,7 +478,7 @@ def test_hw_attention_mistakes_are_usage_errors(ip: Any, line: str) -> None:
 def test_cli_attention(models: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["attention", str(models["gpt2"]), "--device", "cpu", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert {r["key"]: r["status"] for r in data["rows"]}["flex_attention"] == WONT
+    assert {r["key"]: r["status"] for r in data["rows"]}["flex_attention"] == Status.WONT
     assert main(["attention", "--device", "cuda:x"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err and "valid" in err
@@ -491,7 +492,7 @@ def test_fake_mac_gets_float16_and_the_mps_kernel_key(fake_hw: Any, models: dict
     assert adv.device == "mps" and adv.precision.dtype == "float16" and "fp16=True" in adv.precision.training
     assert adv.kernels.device_key == "mps" and "mps" in adv.kernels.kernel_config_keys
     assert {e.layer for e in adv.kernels.layers} & set(adv.kernels.model_layers)
-    assert adv.row("flash_attention_2").status == WONT
+    assert adv.row("flash_attention_2").status == Status.WONT
 
 
 def test_nbhw_attention_is_the_public_entry_point() -> None:

@@ -12,7 +12,7 @@ from transformers.integrations.accelerate import expand_device_map
 from transformers.utils import import_utils
 
 import nbhw
-from nbhw.core.advice.attention import WONT, WORKS
+from nbhw.core.advice.status import Status
 from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.core.plan import load_form
 from nbhw.core.plan.arguments import strategy_names
@@ -47,8 +47,8 @@ def test_choices_on_this_cpu_machine_come_from_detection_and_the_advisor(tiny: s
     rows = [r for r in advice.rows if r.kind != "paged"]
     assert values(choices.attention) == [None, *(r.key for r in rows)]
     for option, row in zip(choices.attention[1:], rows, strict=True):
-        assert option.ok == (row.status == WORKS)
-        assert option.label.startswith({WORKS: "✓", WONT: "✗"}.get(row.status, "?"))
+        assert option.ok == (row.status == Status.WORKS)
+        assert option.label.startswith({Status.WORKS: "✓", Status.WONT: "✗"}.get(row.status, "?"))
         assert row.reason in option.reason
     assert choices.attention_option("sdpa") is not None and choices.attention_option("sdpa").ok  # type: ignore[union-attr]
     assert [(f.key, f.device) for f in choices.memory] == [(str(k), str(k)) for k in live_memory().max_memory]

@@ -9,6 +9,22 @@ from typing import Any
 GIB = 1024**3
 MIB = 1024**2
 
+# The CSS of every core view's HTML (devices, attention advice, load plan).
+STYLE = """<style>
+.nbhw { font-family: var(--jp-ui-font-family, sans-serif); font-size: 13px; line-height: 1.4; }
+.nbhw h3 { font-size: 14px; margin: 10px 0 4px; }
+.nbhw table.nbhw-table { border-collapse: collapse; margin: 2px 0 6px; }
+.nbhw table.nbhw-table th, .nbhw table.nbhw-table td {
+  text-align: left; padding: 2px 8px; border-bottom: 1px solid var(--jp-border-color2, #ddd); vertical-align: top; }
+.nbhw table.nbhw-table th { font-weight: 600; }
+.nbhw .ok { color: var(--jp-success-color1, #1a7f37); font-weight: 600; }
+.nbhw .no { color: var(--jp-ui-font-color2, #777); }
+.nbhw .fix code, .nbhw code { font-family: var(--jp-code-font-family, monospace); font-size: 12px; }
+.nbhw .warn { color: var(--jp-warn-color1, #9a6700); }
+.nbhw .sub { margin-left: 18px; }
+.nbhw .src { color: var(--jp-ui-font-color2, #777); font-size: 11px; overflow-wrap: anywhere; }
+</style>"""
+
 
 def size(nbytes: float | None) -> str:
     """Bytes as a person reads them: '23.5 GiB', '512 MiB', 'N/A' when unknown."""

@@ -23,7 +23,7 @@ class AdviceResult:
 
 def device_options() -> list[tuple[str, str]]:
     """The best device, each usable device, then the device types the advisor can plan for that are not here."""
-    from nbhw.core.advice.attention import device_types
+    from nbhw.core.advice.attention_rules import device_types
     from nbhw.core.hardware.detect import detect
 
     here = [d.device for d in detect().devices]

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from nbhw.core.advice.status import Status
 from tests.gpu.gpuenv import NvmlGpu, gpu_only
 
 pytestmark = gpu_only()
@@ -68,32 +69,31 @@ def test_advice_is_for_this_card_and_checked_by_builds_here(advice: Any, gpu0: N
 
 
 def test_every_row_agrees_with_a_meta_build_by_transformers(advice: Any, record_property: Any) -> None:
-    from nbhw.core.advice import attention
 
     disagree = []
     statuses = {}
     for row in advice.rows:
         statuses[row.key] = row.status
         if _would_download(row.key):
-            assert row.status in {attention.HUB, attention.DOWNLOAD, attention.WONT}, row
+            assert row.status in {Status.HUB, Status.DOWNLOAD, Status.WONT}, row
             continue
         resolved, error = _meta_build(row.key, advice.dtype)
         if not row.checked:
             disagree.append(f"{row.key}: not checked by a build on a present card ({row.check})")
-        if row.status == attention.WORKS and error is not None:
+        if row.status == Status.WORKS and error is not None:
             disagree.append(f"{row.key}: nbhw says it works; transformers: {error[:200]}")
         runtime = row.check.startswith("meta build: transformers loads it")
-        if row.status == attention.WONT and error is None and not runtime:
+        if row.status == Status.WONT and error is None and not runtime:
             disagree.append(f"{row.key}: nbhw says it won't work; transformers builds it")
-        if row.status not in {attention.WORKS, attention.WONT}:
+        if row.status not in {Status.WORKS, Status.WONT}:
             disagree.append(f"{row.key}: {row.status!r} on a card that is present")
         if error is None and resolved not in (row.key, row.resolves_to):
             disagree.append(f"{row.key}: nbhw says it resolves to {row.resolves_to}; transformers: {resolved}")
     assert not disagree, "\n".join(disagree)
     default, error = _meta_build(None, advice.dtype)
     assert error is None and advice.default.resolves_to == default
-    record_property("works", ",".join(k for k, s in statuses.items() if s == attention.WORKS))
-    record_property("wont", ",".join(k for k, s in statuses.items() if s == attention.WONT))
+    record_property("works", ",".join(k for k, s in statuses.items() if s == Status.WORKS))
+    record_property("wont", ",".join(k for k, s in statuses.items() if s == Status.WONT))
 
 
 @pytest.mark.timeout(300)  # flex_attention compiles its kernel on the first call
@@ -102,7 +102,6 @@ def test_implementation_said_to_work_runs_a_forward_on_the_card(advice: Any, key
     import torch
     from transformers import AutoModelForCausalLM
 
-    from nbhw.core.advice import attention
     from nbhw.core.hf.tiny_model import tiny_config
 
     row = advice.row(key)
@@ -122,7 +121,7 @@ def test_implementation_said_to_work_runs_a_forward_on_the_card(advice: Any, key
         error = None
     except Exception as exc:
         logits, error = None, f"{type(exc).__name__}: {exc}"
-    assert (row.status == attention.WORKS) == (error is None), f"nbhw says {row.status}; forward: {error}"
+    assert (row.status == Status.WORKS) == (error is None), f"nbhw says {row.status}; forward: {error}"
     if logits is not None:
         assert torch.isfinite(logits).all()
         reference = forward("eager")

@@ -9,469 +9,32 @@ and nothing would be downloaded), it builds the model on the meta device with th
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nbhw.core.advice import precision
+from nbhw.core.advice.attention_rules import (
+    FLASH_KEY,
+    AttentionRow,
+    Env,
+    ModelFacts,
+    build_for,
+    check,
+    kernels_install,
+    model_facts,
+    parse_device,
+)
 from nbhw.core.advice.precision import DtypeAdvice
+from nbhw.core.advice.status import Status
+from nbhw.core.dtypes import check_dtype
 from nbhw.core.errors import UserError
-from nbhw.core.hardware.data import DeviceInfo, to_plain
+from nbhw.core.hardware.data import to_plain
 from nbhw.core.hf import kernel_tables, meta_build
 from nbhw.core.hf.kernel_tables import KernelEntry
-from nbhw.core.render import Shown
+from nbhw.core.render import STYLE, Shown, esc, html_table, text_table
 
 if TYPE_CHECKING:
-    from nbhw.core.hardware.detect import Hardware
-
-WORKS = "works"
-WONT = "won't work"
-HUB = "works via Hub kernel download"
-DOWNLOAD = "needs download, not checked"
-DEPENDS = "depends on the device"
-STATUSES = (WORKS, WONT, HUB, DOWNLOAD, DEPENDS)
-
-NO_SUPPORT = "this model class does not support it"
-GENERATIONS = {8: "Ampere", 9: "Hopper", 10: "Blackwell"}
-# flash-attn 2 itself runs only on Ampere or newer; transformers' matrix doesn't check it, so the load succeeds.
-FA2_MIN_MAJOR = 8
-FLASH_KEY = re.compile(r"^flash_attention_(\d+)$")
-
-
-# ---------------------------------------------------------------- the target device
-
-
-@dataclass
-class Target:
-    """The device the advice is for, and whether transformers in this process sees that kind of device."""
-
-    device: str
-    device_type: str
-    backend: str
-    present: bool
-    info: DeviceInfo | None
-    count: int
-    live: bool
-    seen: str
-
-    @property
-    def capability(self) -> tuple[int, int] | None:
-        """(major, minor) as torch.cuda.get_device_capability reports it (NVIDIA, or ROCm's gfx arch)."""
-        cc = self.info.compute_capability if self.info else None
-        if not cc:
-            return None
-        if cc.startswith("gfx") and len(cc) >= 5:
-            try:
-                return int(cc[3:-2]), int(cc[-2], 16)
-            except ValueError:
-                return None
-        major, _, minor = cc.partition(".")
-        return (int(major), int(minor or 0)) if major.isdigit() else None
-
-
-def device_types() -> list[str]:
-    """The device strings nbhw accepts: every backend's device, and 'rocm' for an AMD GPU (whose device is cuda)."""
-    from nbhw.core.hardware import backends
-
-    found = []
-    for b in backends.registry():
-        if b.device not in found:
-            found.append(b.device)
-    return [*found, "rocm"]
-
-
-def _transformers_device() -> str:
-    from transformers.utils.import_utils import get_device_type
-
-    return str(get_device_type())
-
-
-def _default_device(hw: Hardware) -> str:
-    for row in hw.usable:
-        if row.key != "cpu" and row.devices:
-            return "rocm:0" if row.key == "rocm" else row.devices[0].device
-    return "cpu"
-
-
-def parse_device(text: str | None, hw: Hardware) -> Target:
-    """A device string ('cuda:1', 'cpu', 'mps', 'rocm') as a Target; a UserError naming valid ones otherwise."""
-    text = (text or _default_device(hw)).strip()
-    valid = device_types()
-    m = re.fullmatch(r"([a-z]+)(?::(\d+))?", text)
-    if m is None or m.group(1) not in valid:
-        names = ", ".join(f"{t}, {t}:N" if t not in {"cpu", "mps", "rocm"} else t for t in valid)
-        raise UserError(f"unknown device {text!r}; valid: {names}")
-    kind, index = m.group(1), int(m.group(2) or 0)
-    rocm_usable = any(r.key == "rocm" for r in hw.usable)
-    backend = "rocm" if kind == "rocm" or (kind == "cuda" and rocm_usable) else kind
-    row = next((r for r in hw.backends if r.key == backend), None)
-    devices = row.devices if row is not None and row.usable else []
-    device = f"cuda:{index}" if kind == "rocm" else (kind if kind in {"cpu", "mps"} else f"{kind}:{index}")
-    device_type = "rocm" if backend == "rocm" else kind
-    seen = _transformers_device()
-    return Target(
-        device=device,
-        device_type=device_type,
-        backend=backend,
-        present=index < len(devices),
-        info=devices[index] if index < len(devices) else None,
-        count=len(devices),
-        # A build answers for the target only if transformers sees that kind of device and the device is here.
-        live=seen == device_type and index < len(devices),
-        seen=seen,
-    )
-
-
-def parse_dtype(dtype: str | None) -> str | None:
-    """float32 / float16 / bfloat16 / auto (None: advise one); a UserError naming them otherwise."""
-    if dtype is None:
-        return None
-    value = dtype.strip().removeprefix("torch.")
-    if value not in precision.DTYPES:
-        raise UserError(f"unknown dtype {dtype!r}; valid: {', '.join(precision.DTYPES)}")
-    return value
-
-
-# ---------------------------------------------------------------- the model
-
-
-@dataclass
-class ModelFacts:
-    """The model class the advice is for and its own support flags."""
-
-    model: str | None
-    source: str | None
-    class_name: str
-    auto_class: str
-    supports_sdpa: bool
-    supports_flash: bool
-    supports_flex: bool
-    compatible_flash: list[str] | None
-    config: Any = field(repr=False)
-
-    @property
-    def reference(self) -> bool:
-        """True when no model was given and the reference class stands in for 'any model that supports all'."""
-        return self.model is None
-
-
-def model_facts(model: str | None, offline: bool) -> ModelFacts:
-    """The config (offline unless allowed) and the class flags; the tiny Qwen3's config when no model is given."""
-    from nbhw.core.hf import model_config, tiny_model
-
-    if model is None:
-        config, source = tiny_model.tiny_config(), None
-    else:
-        found = model_config.load(model, offline=offline)
-        if not found.available:
-            raise UserError(f"{model}: {found.problem}")
-        config, source = found.config, found.source
-    auto = meta_build.auto_class_name(config)
-    try:
-        cls = meta_build.model_class(config, auto)
-    except KeyError:
-        raise UserError(f"{model}: transformers has no {auto} for model type {config.model_type!r}") from None
-    compatible = getattr(cls, "_compatible_flash_implementations", None)
-    return ModelFacts(
-        model=model,
-        source=source,
-        class_name=cls.__name__,
-        auto_class=auto,
-        supports_sdpa=bool(cls._supports_sdpa),
-        supports_flash=bool(cls._supports_flash_attn),
-        supports_flex=bool(cls._supports_flex_attn),
-        compatible_flash=list(compatible) if compatible else None,
-        config=config,
-    )
-
-
-# ---------------------------------------------------------------- reading transformers' rules
-
-
-@dataclass
-class Verdict:
-    """What transformers' rules say about one key on the target, before any build."""
-
-    status: str
-    reason: str
-    fix: str | None = None
-    device_dependent: bool = False
-    downloads: str | None = None
-    runtime: bool = False
-    resolves_to: str | None = None
-    notes: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Env:
-    """Everything the rules read, gathered once."""
-
-    target: Target
-    model: ModelFacts
-    dtype: str
-    kernels_ok: bool
-    kernels_why: str
-    kernels_range: tuple[str, str]
-    fallback: dict[str, str]
-    kernel_devices: dict[str, tuple[str, ...]]
-
-
-def _matrix() -> dict[int, dict[str, Any]]:
-    from transformers.modeling_flash_attention_utils import FLASH_ATTENTION_COMPATIBILITY_MATRIX
-
-    return dict(FLASH_ATTENTION_COMPATIBILITY_MATRIX)
-
-
-def flash_package(version: int) -> str:
-    """The pip name of FlashAttention N's package, as transformers' matrix checks it ('flash-attn-3', ...)."""
-    check = _matrix()[version]["pkg_availability_check"]
-    names = [c for c in check.__code__.co_consts if isinstance(c, str) and c.startswith("flash-attn")]
-    return names[0] if names else "flash-attn"
-
-
-def _device_name(check: Any) -> str:
-    m = re.search(r"is_torch_(\w+?)_available", getattr(check, "__name__", ""))
-    return m.group(1) if m else "?"
-
-
-def _kernels_install(env: Env) -> str:
-    low, high = env.kernels_range
-    return f"pip install 'kernels>={low},<{high}'"
-
-
-def _generation(major: int) -> str:
-    name = GENERATIONS.get(major)
-    return f"{name} (compute capability {major}.0)" if name else f"compute capability {major}.0"
-
-
-def _hub_repo(key: str) -> str:
-    return key.partition(":")[0].partition("@")[0]
-
-
-def _dtype_note(env: Env, verdict: Verdict) -> None:
-    if env.dtype not in {"float16", "bfloat16"}:
-        verdict.notes.append(
-            f"dtype {env.dtype}: transformers only warns at load, but flash kernels run in float16/bfloat16 only"
-        )
-        verdict.fix = verdict.fix or "load with dtype=torch.bfloat16 (or float16), or run under torch.autocast"
-
-
-def _flash_rule(key: str, version: int, env: Env) -> Verdict:
-    """flash_attention_N, in the order _check_and_adjust_attn_implementation and _flash_attn_import_error use."""
-    t, m = env.target, env.model
-    entry = _matrix()[version]
-    family = "cuda" if t.device_type in {"cuda", "rocm"} else t.device_type
-    names = [name for _, name in entry["supported_devices"]]
-    custom = [_device_name(check) for check, _ in entry.get("custom_supported_devices", ())]
-    package = flash_package(version)
-    installed = meta_build.flash_package_installed(version)
-    general = installed and family in names and family not in custom
-    repo = env.fallback.get(key)
-    where = ", ".join(names)
-    if not m.supports_flash:
-        return Verdict(WONT, f"{m.class_name} does not support flash attention", f"{NO_SUPPORT}; use sdpa")
-    if not general and env.kernels_ok and family != "npu" and repo:
-        return _fallback_rule(key, repo, env, installed)
-    if family in custom:
-        if family == "xpu":
-            why = f"on XPU, {key} comes from {repo} through the kernels package; {env.kernels_why}"
-            return Verdict(WONT, why, _kernels_install(env), device_dependent=True)
-        why = f"transformers' own FlashAttention{version} for {t.device_type}"
-        verdict = Verdict(WORKS, why, device_dependent=True)
-        _dtype_note(env, verdict)
-        return verdict
-    if not installed:
-        fix = f"pip install {package}"
-        if repo and t.device_type in env.kernel_devices.get(repo, (t.device_type,)):
-            fix += f", or {_kernels_install(env)} to load {repo} from the Hub instead"
-        if family not in names:
-            fix += f"; FlashAttention{version} needs a {where} device, so on {t.device_type} use sdpa"
-        # transformers checks the package before the device, so the answer is the same on every device.
-        return Verdict(WONT, f"the {package} package is not installed", fix)
-    if family not in names:
-        why = f"FlashAttention{version} runs on {where} only, not {t.device_type}"
-        return Verdict(WONT, why, "use sdpa on this device", device_dependent=True)
-    return _capability_rule(key, version, entry.get("cuda_min_major_version"), env)
-
-
-def _capability_rule(key: str, version: int, min_major: int | None, env: Env) -> Verdict:
-    t = env.target
-    if t.device_type not in {"cuda", "rocm"}:
-        verdict = Verdict(WORKS, f"FlashAttention{version} package installed; {t.device_type} is supported", None, True)
-        _dtype_note(env, verdict)
-        return verdict
-    need = min_major
-    runtime = False
-    if need is None and version == 2 and t.device_type == "cuda":
-        need, runtime = FA2_MIN_MAJOR, True
-    cc = t.capability
-    if need is not None and cc is None:
-        why = f"needs {_generation(need)} or newer; {t.device} is not here to check"
-        return Verdict(DEPENDS, why, f"use it on a {GENERATIONS.get(need, 'newer')} or newer GPU", True)
-    if need is not None and cc is not None and cc[0] < need:
-        shown = t.info.compute_capability if t.info else f"{cc[0]}.{cc[1]}"
-        why = f"FlashAttention{version} needs {_generation(need)} or newer; {t.device} has {shown}"
-        if runtime:
-            why = f"transformers loads it, but flash-attn 2 needs {_generation(need)} or newer; {t.device} has {shown}"
-        fix = f"use sdpa on this GPU, or a {GENERATIONS.get(need, 'newer')} or newer GPU"
-        return Verdict(WONT, why, fix, device_dependent=True, runtime=runtime)
-    shown = t.info.compute_capability if t.info else "?"
-    verdict = Verdict(WORKS, f"{flash_package(version)} installed; {t.device} ({shown}) is supported", None, True)
-    _dtype_note(env, verdict)
-    return verdict
-
-
-def _fallback_rule(key: str, repo: str, env: Env, installed: bool) -> Verdict:
-    t = env.target
-    reason = (
-        f"the {flash_package(int(key[-1]))} package is not installed"
-        if not installed
-        else f"{flash_package(int(key[-1]))} can't run on {t.device_type}"
-    )
-    devices = env.kernel_devices.get(repo)
-    if devices and t.device_type not in devices:
-        why = f"{reason}; transformers would fetch {repo}, which has builds for {', '.join(devices)} only"
-        return Verdict(WONT, why, "use sdpa on this device", device_dependent=True, downloads=repo)
-    why = f"{reason}: transformers downloads {repo} from the Hub at load (kernels is installed)"
-    verdict = Verdict(HUB, why, None, device_dependent=True, downloads=repo, resolves_to=repo)
-    _dtype_note(env, verdict)
-    return verdict
-
-
-def _hub_rule(key: str, env: Env) -> Verdict:
-    """An "org/repo[@rev][:func]" value: transformers loads it with the kernels package at load time."""
-    t, m = env.target, env.model
-    repo = _hub_repo(key)
-    if not m.supports_flash and "flash" in key:
-        return Verdict(WONT, f"{m.class_name} does not support flash attention, so not {repo}", f"{NO_SUPPORT}")
-    if not env.kernels_ok:
-        return Verdict(WONT, env.kernels_why, _kernels_install(env))
-    devices = env.kernel_devices.get(repo)
-    if devices and t.device_type not in devices:
-        why = f"{repo} has builds for {', '.join(devices)} only, not {t.device_type}"
-        return Verdict(WONT, why, "use sdpa on this device", device_dependent=True, downloads=repo)
-    verdict = Verdict(HUB, f"transformers downloads {repo} from the Hub at load", None, True, downloads=repo)
-    trusted = repo.split("/")[0] == kernel_tables.TRUSTED_ORG or key in (m.compatible_flash or [])
-    if not trusted:
-        verdict.fix = f"pass allow_all_kernels=True: only {kernel_tables.TRUSTED_ORG} repos are trusted without it"
-    if not devices:
-        verdict.notes.append(f"whether {repo} has a build for {t.device_type} is known only at load (network)")
-    return verdict
-
-
-def rule(key: str, env: Env) -> Verdict:
-    """What transformers' rules say about ``attn_implementation=key`` on the target device."""
-    m, t = env.model, env.target
-    if key.startswith("paged|") and key != "paged|eager":
-        base = key.removeprefix("paged|")
-        verdict = rule(base, env)
-        verdict.resolves_to = verdict.resolves_to or base
-        verdict.notes.append("deprecated alias: transformers strips 'paged|' (FutureWarning)")
-        return verdict
-    if m.compatible_flash and "flash" in key and key not in m.compatible_flash:
-        switched = _compatible_switch(env)
-        verdict = rule(switched, env)
-        verdict.resolves_to = switched
-        verdict.notes.append(f"{m.class_name} lists {m.compatible_flash}: transformers switches {key} to {switched}")
-        return verdict
-    flash = FLASH_KEY.match(key)
-    if flash and int(flash.group(1)) in _matrix():
-        return _flash_rule(key, int(flash.group(1)), env)
-    if meta_build.is_hub_kernel(key):
-        return _hub_rule(key, env)
-    if key == "sdpa" and not m.supports_sdpa:
-        return Verdict(WONT, f"{m.class_name} has no sdpa attention", f"{NO_SUPPORT}; use eager")
-    if key == "flex_attention":
-        if not m.supports_flex:
-            other = "sdpa" if m.supports_sdpa else "eager"
-            return Verdict(WONT, f"{m.class_name} has no flex_attention", f"{NO_SUPPORT}; use {other}")
-        if t.device_type == "tpu":
-            # transformers' is_torch_flex_attn_available: torch's flex_attention refuses TPU tensors.
-            return Verdict(WONT, "torch's flex_attention does not run on TPU", "use sdpa", device_dependent=True)
-    return Verdict(WORKS, _works_reason(key))
-
-
-def _works_reason(key: str) -> str:
-    reasons = {
-        "eager": "plain PyTorch attention: every model, every device",
-        "sdpa": "torch.nn.functional.scaled_dot_product_attention (the default)",
-        "flex_attention": "torch's flex_attention",
-        "paged|eager": "eager attention over a paged KV cache (continuous batching)",
-    }
-    return reasons.get(key, "registered in transformers' AttentionInterface")
-
-
-def _compatible_switch(env: Env) -> str:
-    """transformers' pick among a model's _compatible_flash_implementations: the first with builds for the device."""
-    listed = env.model.compatible_flash or []
-    dev = env.target.device_type
-    fits = [i for i in listed if dev in env.kernel_devices.get(env.fallback.get(i, i), (dev,))]
-    return (fits or listed)[0]
-
-
-# ---------------------------------------------------------------- checking with a meta build
-
-
-@dataclass
-class AttentionRow:
-    """One attn_implementation value: whether it works on the target, why, the fix, and how that was checked."""
-
-    key: str
-    kind: str
-    status: str
-    reason: str
-    fix: str | None
-    checked: bool
-    check: str
-    resolves_to: str | None = None
-    error: str | None = None
-    notes: list[str] = field(default_factory=list)
-
-
-def _build(key: str | None, env: Env) -> meta_build.MetaBuild:
-    return meta_build.build(env.model.config, dtype=env.dtype, attn_implementation=key, auto_name=env.model.auto_class)
-
-
-def _first_sentence(text: str) -> str:
-    head = re.split(r"(?<=[.!?])\s", text, maxsplit=1)[0]
-    return head if len(head) <= 240 else head[:237] + "..."
-
-
-def check(key: str, kind: str, env: Env) -> AttentionRow:
-    """Read the rules for ``key``, then let a meta build decide wherever a build here can answer."""
-    v = rule(key, env)
-    row = AttentionRow(key, kind, v.status, v.reason, v.fix, False, "", v.resolves_to, None, list(v.notes))
-    if v.downloads:
-        if v.status in {HUB, WORKS}:
-            # For a model the row stays unvalidated; for the hardware alone the rules' answer is the answer.
-            row.status = HUB if env.model.reference else DOWNLOAD
-        row.check = f"not checked: a build would download {v.downloads} from the Hub"
-        return row
-    if v.device_dependent and not env.target.live:
-        t = env.target
-        why = f"{t.device} is not here" if not t.present else f"it runs on {t.seen} here"
-        row.check = f"read from transformers' rules: {why}, so a build can't check {t.device_type}"
-        return row
-    if meta_build.needs_download(key) and v.status != WONT:
-        # metabuild's coarser guard: never build when a download is possible, even where the rules say none.
-        row.check = "not checked: a build here might download a Hub kernel"
-        return row
-    built = _build(key, env)
-    row.checked, row.error = True, built.error
-    if built.ok:
-        row.resolves_to = str(built.model.config._attn_implementation) if built.model is not None else v.resolves_to
-        if row.resolves_to == key:
-            row.resolves_to = None
-    if built.ok and v.runtime:
-        row.check = "meta build: transformers loads it; the first forward fails"
-    elif built.ok == (v.status == WORKS):
-        row.check = "meta build agrees"
-    else:
-        row.status = WORKS if built.ok else WONT
-        row.reason = "transformers accepts it" if built.ok else _first_sentence(built.error or "")
-        row.check = "meta build (nbhw's reading of the rules said otherwise)"
-        row.notes.append(f"nbhw's reading of transformers' rules said {v.status}: {v.reason}")
-    return row
+    pass
 
 
 # ---------------------------------------------------------------- the advice
@@ -539,15 +102,11 @@ class AttentionAdvice(Shown):
 
     def text(self) -> str:
         """The advice as aligned text."""
-        from nbhw.core.advice import attention_view
-
-        return attention_view.text(self)
+        return advice_text(self)
 
     def html(self) -> str:
         """The advice as an HTML fragment."""
-        from nbhw.core.advice import attention_view
-
-        return attention_view.html(self)
+        return advice_html(self)
 
 
 def registry_keys() -> list[str]:
@@ -591,7 +150,7 @@ def parse_kernel(kernel: str | None) -> str | None:
 
 
 def _default(env: Env) -> DefaultAttention:
-    built = _build(None, env)
+    built = build_for(None, env)
     m = env.model
     if built.ok and built.model is not None:
         got = str(built.model.config._attn_implementation)
@@ -614,7 +173,7 @@ def _kernels_advice(env: Env, example_model: str) -> KernelsAdvice:
     enabled, env_value = kernel_tables.hub_kernels_enabled()
     fix = None
     if not env.kernels_ok:
-        ok, why, fix = False, f"use_kernels=True needs the kernels package: {env.kernels_why}", _kernels_install(env)
+        ok, why, fix = False, f"use_kernels=True needs the kernels package: {env.kernels_why}", kernels_install(env)
     elif not enabled:
         ok, why, fix = False, f"USE_HUB_KERNELS={env_value} turns Hub kernels off", "unset USE_HUB_KERNELS"
     elif not layers:
@@ -701,7 +260,7 @@ def advise(
 
     hw = detect()
     target = parse_device(device, hw)
-    wanted = parse_dtype(dtype)
+    wanted = None if dtype is None else check_dtype(dtype)
     user_kernel = parse_kernel(kernel)
     facts = model_facts(model, offline)
     advice = precision.advise(target.device, target.device_type, target.info, target.count)
@@ -750,3 +309,121 @@ def _resolve_dtype(wanted: str | None, advice: DtypeAdvice, facts: ModelFacts) -
         configured = getattr(facts.config, "dtype", None)
         return str(configured).removeprefix("torch.") if configured else "float32"
     return wanted
+
+
+# ---------------------------------------------------------------- the advice as text and HTML
+
+
+HEADERS = ("attn_implementation", "status", "checked", "why", "fix")
+
+
+def _title(a: AttentionAdvice) -> str:
+    what = f"{a.model} ({a.model_class}, config from {a.model_source})" if a.model else "this hardware alone"
+    here = "" if a.present else " — not present here"
+    dtype = f"dtype {a.dtype}" + ("" if a.dtype_given else " (advised)")
+    return f"nbhw attention: {what} on {a.device}{here}, {dtype}, transformers {a.transformers}"
+
+
+def _key(row: AttentionRow) -> str:
+    return f"{row.key} -> {row.resolves_to}" if row.resolves_to else row.key
+
+
+def _checked(row: AttentionRow) -> str:
+    return "yes" if row.checked else "no"
+
+
+def _why(row: AttentionRow) -> str:
+    return "; ".join([row.reason, *row.notes])
+
+
+def _cells(row: AttentionRow) -> list[str]:
+    return [_key(row), row.status, _checked(row), _why(row), row.fix or ""]
+
+
+def _reference_line(a: AttentionAdvice) -> str | None:
+    if a.model:
+        return None
+    return f"No model given: rows are checked with nbhw's tiny {a.model_class}, a class that supports every kind."
+
+
+def _kernel_lines(a: AttentionAdvice) -> list[str]:
+    k = a.kernels
+    lines = [f"use_kernels=True: {'can work' if k.use_kernels else 'will not work'} here — {k.reason}"]
+    if k.fix:
+        lines.append(f"  fix: {k.fix}")
+    if k.problem:
+        lines.append(f"  the default mapping could not be read: {k.problem}")
+    elif k.layers:
+        marked = set(k.model_layers or [])
+        shown = [
+            e.layer + ("*" if e.layer in marked else "") + (f" ({e.condition})" if e.condition else "")
+            for e in k.layers
+        ]
+        lines.append(f"  default mapping for {k.device_key} ({k.source}): {', '.join(shown)}")
+        lines.append(f"  * marked for Hub kernels in {a.model_class}'s code: {', '.join(k.model_layers) or 'none'}")
+    else:
+        lines.append(f"  the default mapping ({k.source}) has no entries for {k.device_key}")
+    lines.append(f"  KernelConfig device keys: {', '.join(k.kernel_config_keys)}")
+    return lines
+
+
+def _dtype_lines(a: AttentionAdvice) -> list[str]:
+    p = a.precision
+    lines = [f"dtype for {p.device}: {p.dtype} — {p.reason}"]
+    if p.tf32:
+        lines.append(f"  tf32: {p.tf32}")
+    lines.append(f"  training: {p.training} — {p.training_reason}")
+    for launch in p.launch:
+        lines.append(f"  launch: {launch}")
+    lines += [f"  {n}" for n in p.notes]
+    return lines
+
+
+def advice_text(a: AttentionAdvice) -> str:
+    """The advice for terminals: the table, then the fixes, silent behaviours, kernels and dtype."""
+    rows = [[_key(r), r.status, _checked(r), _why(r)] for r in a.rows]
+    out = [_title(a), ""]
+    out.append(text_table(HEADERS[:4], rows, indent="  "))
+    by_fix: dict[str, list[str]] = {}
+    for r in a.rows:
+        if r.fix:
+            by_fix.setdefault(r.fix, []).append(r.key)
+    fixes = [f"  {', '.join(keys)}: {fix}" for fix, keys in by_fix.items()]
+    if fixes:
+        out += ["", "Fixes:", *fixes]
+    ref = _reference_line(a)
+    out += [f"  note: {n}" for n in a.notes]
+    out += ["", "What transformers does without telling you:", *[f"  - {n}" for n in a.silent]]
+    if ref:
+        out += ["", ref]
+    out += ["", "Hub kernels (use_kernels=True):", *["  " + line for line in _kernel_lines(a)]]
+    out += ["", "  " + a.kernels.example.replace("\n", "\n  ")]
+    out += ["", "dtype:", *["  " + line for line in _dtype_lines(a)]]
+    return "\n".join(out)
+
+
+def _html_rows(a: AttentionAdvice) -> str:
+    table = html_table(HEADERS, [_cells(r) for r in a.rows], css_class="nbhw-table nbhw-attention")
+    # Colour the status cells: html_table escapes every cell, so mark them after the fact by exact text.
+    for status in Status:
+        cell = f'<td class="{status.css}" style="white-space: nowrap">{esc(status)}</td>'
+        table = table.replace(f"<td>{esc(status)}</td>", cell)
+    return table
+
+
+def advice_html(a: AttentionAdvice) -> str:
+    """The advice as an HTML fragment for Jupyter."""
+    ref = _reference_line(a)
+    parts = [STYLE, '<div class="nbhw nbhw-attention-advice">', f"<h3>{esc(_title(a))}</h3>"]
+    parts += [f'<p class="warn">{esc(n)}</p>' for n in a.notes]
+    parts.append(_html_rows(a))
+    if ref:
+        parts.append(f'<p class="no">{esc(ref)}</p>')
+    parts.append("<h3>What transformers does without telling you</h3><ul>")
+    parts += [f"<li>{esc(n)}</li>" for n in a.silent]
+    parts.append("</ul><h3>Hub kernels (use_kernels=True)</h3><ul>")
+    parts += [f"<li>{esc(line.strip())}</li>" for line in _kernel_lines(a)]
+    parts.append(f"</ul><pre><code>{esc(a.kernels.example)}</code></pre><h3>dtype</h3><ul>")
+    parts += [f"<li>{esc(line.strip())}</li>" for line in _dtype_lines(a)]
+    parts.append("</ul></div>")
+    return "".join(parts)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from typing import Any
 
 
@@ -113,4 +114,6 @@ def to_plain(obj: Any) -> Any:
         return {str(k): to_plain(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
         return [to_plain(v) for v in obj]
+    if isinstance(obj, Enum):
+        return obj.value
     return obj

@@ -21,8 +21,6 @@ if TYPE_CHECKING:
 
 NO_DEVICE_MAP = "none"
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-MARKS = {"works": "✓", "won't work": "✗", "works via Hub kernel download": "↓"}
-UNSURE = "?"
 
 
 @dataclass(frozen=True)
@@ -183,7 +181,7 @@ def target_device(device_map: str, hardware: Hardware) -> str | None:
         from nbhw.core.hardware.who_picks import from_pretrained_default
 
         return from_pretrained_default().device
-    from nbhw.core.advice.attention import device_types
+    from nbhw.core.advice.attention_rules import device_types
 
     m = re.fullmatch(r"([a-z]+)(?::\d+)?", device_map)
     if m is None or m.group(1) not in device_types():
@@ -243,19 +241,13 @@ def _quantization_options() -> tuple[list[Option], str]:
     return options, note
 
 
-def _mark(status: str) -> str:
-    return MARKS.get(status, UNSURE)
-
-
 def _attention_options(advice: AttentionAdvice) -> list[Option]:
-    from nbhw.core.advice.attention import HUB, WORKS
-
     options = [Option(None, f"default ({advice.default.resolves_to})", True, advice.default.reason)]
     for row in advice.rows:
         if row.kind == "paged":  # deprecated aliases of the rows above
             continue
         reason = f"{row.status}: {row.reason}" + (f"; fix: {row.fix}" if row.fix else "")
-        options.append(Option(row.key, f"{_mark(row.status)} {row.key}", row.status in {WORKS, HUB}, reason))
+        options.append(Option(row.key, f"{row.status.mark} {row.key}", row.status.usable, reason))
     return options
 
 
