@@ -4,52 +4,62 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from nbhw import commands
+from nbhw.core.advice.arguments import ADVICE_ARGUMENTS
+from nbhw.core.advice.attention import advise
+from nbhw.core.argument import given
 from nbhw.core.errors import UserError
+from nbhw.core.hardware.detect import detect
+from nbhw.core.hardware.report import report
+from nbhw.core.plan.load_plan import from_words
+
+
+def _printed(result: Any, args: argparse.Namespace) -> None:
+    print(json.dumps(result.to_dict(), indent=2) if args.json else result.text())
 
 
 def _devices(args: argparse.Namespace) -> int:
-    import json
-
-    from nbhw.core.hardware.detect import detect
-
-    hardware = detect()
-    print(json.dumps(hardware.to_dict(), indent=2) if args.json else hardware.text())
+    _printed(detect(), args)
     return 0
 
 
 def _report(args: argparse.Namespace) -> int:
-    from nbhw.core.hardware.report import report
-
     result = report()
     print(result.json() if args.json else result.text())
     return 0
 
 
-def _attention(args: argparse.Namespace) -> int:
-    import json
+def _memory(args: argparse.Namespace) -> int:
+    """The figures now: one sample of every source (a terminal process has no cells to attribute)."""
+    from nbhw.core import memory  # numpy: only for this command
 
-    from nbhw.core.advice.attention import advise
-
-    advice = advise(args.model, device=args.device, dtype=args.dtype, kernel=args.kernel, offline=args.offline)
-    print(json.dumps(advice.to_dict(), indent=2) if args.json else advice.text())
+    sampler = memory.Sampler()
+    sampler.tick()
+    print(memory.text(sampler, memory.CellLog(sampler)))
     return 0
 
 
-def _plan(args: argparse.Namespace) -> int:
-    import json
+def _attention(args: argparse.Namespace) -> int:
+    _printed(advise(args.model, offline=args.offline, **given(args, ADVICE_ARGUMENTS)), args)
+    return 0
 
-    from nbhw.core.plan.load_plan import from_words
 
+def _load(args: argparse.Namespace) -> int:
     plan = from_words(args)
-    print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.text())
+    if args.emit:
+        print(plan.code, end="")
+    else:
+        _printed(plan, args)
     return 1 if plan.check() else 0
 
 
-COMMANDS = {"devices": _devices, "report": _report, "attention": _attention, "plan": _plan}
+# One runner per command of the table (nbhw.commands.COMMANDS); a test checks they match.
+RUNNERS = {"devices": _devices, "memory": _memory, "attention": _attention, "load": _load, "report": _report}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -60,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return 2
-        return COMMANDS[args.command](args)
+        return RUNNERS[args.command](args)
     except commands.HelpShown:
         return 0
     except UserError as exc:

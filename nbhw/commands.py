@@ -1,7 +1,9 @@
-"""The words of ``%hw`` and ``python -m nbhw``: one parser definition serves the magic and the CLI.
+"""The command table of ``%hw`` and ``python -m nbhw``: one list of subcommands and their declared arguments.
 
-Every parse error becomes a :class:`~nbhw.core.errors.UserError` with one line naming the valid values;
-the magic turns it into IPython's ``UsageError``, the CLI into exit code 2.
+Both parsers are built from :data:`COMMANDS`, whose arguments are the declarations in nbhw.core
+(:mod:`nbhw.core.argument`), so the magic and the CLI take the same words and give the same errors. Every parse
+error becomes a :class:`~nbhw.core.errors.UserError` with one line naming the valid values; the magic turns it into
+IPython's ``UsageError``, the CLI into exit code 2.
 """
 
 from __future__ import annotations
@@ -10,18 +12,67 @@ import argparse
 import re
 import shlex
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from dataclasses import dataclass
+from typing import Any, Literal, NoReturn
 
+from nbhw.core.advice.arguments import ADVICE_ARGUMENTS
+from nbhw.core.argument import EMIT, JSON, MODEL, OFFLINE, Argument
 from nbhw.core.errors import UserError
-from nbhw.core.plan.arguments import QUANTIZATION
+from nbhw.core.memory.arguments import MEMORY_ARGUMENTS
+from nbhw.core.plan.arguments import PLAN_ARGUMENTS
 
-MAGIC_COMMANDS = ("devices", "memory", "attention", "load", "report")
-CLI_COMMANDS = ("devices", "report", "attention", "plan")
-QUANTIZE = tuple(QUANTIZATION)
+Surface = Literal["magic", "cli"]
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its name (and older names), what it does, and its arguments in the order help lists them."""
+
+    name: str
+    help: str
+    arguments: tuple[Argument, ...]
+    aliases: tuple[str, ...] = ()
+    magic_only: tuple[str, ...] = ()  # arguments that mean nothing in a terminal process (e.g. memory --stop)
+
+    def takes(self, surface: Surface) -> tuple[Argument, ...]:
+        """The arguments this command takes on one surface."""
+        return tuple(a for a in self.arguments if surface == "magic" or a.name not in self.magic_only)
+
+
+COMMANDS = (
+    Command("devices", "the backends, devices and who picks what here", (JSON,)),
+    Command(
+        "memory",
+        "live memory graph with per-cell attribution (in a terminal: the figures now)",
+        MEMORY_ARGUMENTS,
+        magic_only=("stop",),
+    ),
+    Command(
+        "attention",
+        "attention, kernel and dtype options that will really work",
+        (MODEL, *ADVICE_ARGUMENTS, OFFLINE, JSON),
+    ),
+    Command(
+        "load",
+        "the from_pretrained cell for this hardware, its dry run, estimate and placement "
+        "(%hw: the panel's Load tab, pre-filled; --emit: the cell below)",
+        (MODEL, *PLAN_ARGUMENTS, OFFLINE, EMIT, JSON),
+        aliases=("plan",),
+    ),
+    Command("report", "environment report for bug reports", (JSON,)),
+)
+BY_NAME = {name: c for c in COMMANDS for name in (c.name, *c.aliases)}
+NAMES = tuple(BY_NAME)  # every word that names a subcommand, in %hw and in the CLI alike
+MAGIC_COMMANDS = CLI_COMMANDS = NAMES
 
 
 class HelpShown(Exception):
     """Raised instead of exiting after argparse printed help (``--help`` in the CLI)."""
+
+
+def _valid_commands() -> str:
+    aliases = [a for c in COMMANDS for a in c.aliases]
+    return ", ".join(c.name for c in COMMANDS) + (f" (also: {', '.join(aliases)})" if aliases else "")
 
 
 class Parser(argparse.ArgumentParser):
@@ -29,15 +80,11 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         m = re.fullmatch(r"argument ([^:]*): invalid choice: (.*) \(choose from (.*)\)", message)
-        if m:
-            what = "subcommand" if m.group(1).startswith("{") else f"{m.group(1)} value"
-            message = f"unknown {what} {m.group(2)}; valid: {m.group(3).replace(chr(39), '')}"
+        if m and m.group(1).startswith("{"):
+            message = f"unknown subcommand {m.group(2)}; valid: {_valid_commands()}"
+        elif m:
+            message = f"unknown {m.group(1)} value {m.group(2)}; valid: {m.group(3).replace(chr(39), '')}"
         raise UserError(f"{self.prog}: {message}")
-
-    def _subparsers_choices(self) -> list[str]:
-        for action in self._subparsers._group_actions if self._subparsers else []:
-            return list(getattr(action, "choices", None) or {})
-        return []
 
     def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
         if message:
@@ -45,106 +92,52 @@ class Parser(argparse.ArgumentParser):
         raise HelpShown()
 
 
-def seconds(text: str) -> float:
-    """A positive number of seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (e.g. 0.5)") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
-    return value
+def _help(text: str) -> str:
+    return text.replace("%", "%%")  # argparse %-formats help ("%hw" would be a format)
 
 
-def _json(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
-
-
-def _model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--offline", action="store_true", help="never contact the Hub, even for config.json")
-
-
-def _attention(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", nargs="?", help="model id or local path (config read offline unless allowed)")
-    p.add_argument(
-        "--device", metavar="DEV", help="device to advise for, e.g. cuda:0, cpu, mps (default: the best usable)"
-    )
-    p.add_argument("--dtype", help="dtype to advise for: float32, float16, bfloat16, auto")
-    p.add_argument("--kernel", metavar="ORG/REPO[:FUNC]", help="also check this Hub kernel as attn_implementation")
-    _model_options(p)
-    _json(p)
-
-
-def _load(p: argparse.ArgumentParser, *, emit: bool) -> None:
-    p.add_argument("model", nargs="?", help="model id or local path (default: nbhw's tiny local model)")
-    p.add_argument(
-        "--device-map",
-        dest="device_map",
-        metavar="MAP",
-        help='auto (default), balanced, balanced_low_0, sequential, a device (cpu, cuda:0), an int, {"": "cpu"}, none',
-    )
-    p.add_argument("--dtype", help="float32, float16, bfloat16 or auto")
-    p.add_argument(
-        "--attn",
-        dest="attn_implementation",
-        metavar="IMPL",
-        help="attn_implementation, e.g. sdpa, eager, flash_attention_2",
-    )
-    p.add_argument("--kernels", dest="use_kernels", action="store_true", help="use_kernels=True (Hub kernels)")
-    p.add_argument("--quantize", choices=QUANTIZE, help="bitsandbytes quantization")
-    p.add_argument(
-        "--max-memory",
-        dest="max_memory",
-        nargs="+",
-        metavar="DEV=SIZE",
-        default=None,
-        help="per-device memory budget, e.g. 0=70GiB cpu=200GiB",
-    )
-    _model_options(p)
-    if emit:
-        p.add_argument(
-            "--emit", action="store_true", help="write the code into a new cell below instead of opening the panel"
-        )
+def _add(p: argparse.ArgumentParser, a: Argument) -> None:
+    if a.positional:
+        p.add_argument(a.name, nargs="?", help=_help(a.help))
+    elif a.kind == "switch":
+        p.add_argument(*a.options, dest=a.name, action="store_true", help=_help(a.help))
     else:
-        _json(p)
+        nargs = "+" if a.kind == "words" else None
+        p.add_argument(
+            *a.options, dest=a.name, metavar=a.metavar, nargs=nargs, choices=a.choices, default=None,
+            help=_help(a.help),
+        )  # fmt: skip
 
 
-def _add_commands(parser: argparse.ArgumentParser, commands: Sequence[str]) -> None:
-    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(commands) + "}", parser_class=type(parser))
-    helps = {
-        "devices": "the backends, devices and who picks what here",
-        "memory": "live memory graph with per-cell attribution",
-        "attention": "attention, kernel and dtype options that will really work",
-        "load": "the from_pretrained cell for this hardware: the panel's Load tab, pre-filled (--emit: a cell below)",
-        "plan": "the from_pretrained cell, its estimate, placement and dry-run problems",
-        "report": "environment report for bug reports",
-    }
-    for name in commands:
-        p = sub.add_parser(name, help=helps[name], description=helps[name], add_help=parser.add_help)
-        if name in {"devices", "report"}:
-            _json(p)
-        elif name == "memory":
-            p.add_argument("--interval", type=seconds, metavar="S", help="seconds between samples")
-            p.add_argument("--window", type=seconds, metavar="S", help="seconds of history the graph keeps")
-            p.add_argument("--stop", action="store_true", help="stop sampling; the graph says it stopped")
-        elif name == "attention":
-            _attention(p)
-        elif name in {"load", "plan"}:
-            _load(p, emit=name == "load")
+def parser(surface: Surface) -> Parser:
+    """The parser behind ``%hw`` (surface "magic") or ``python -m nbhw`` ("cli"), from the command table."""
+    magic = surface == "magic"
+    top = Parser(
+        prog="%hw" if magic else "nbhw",
+        add_help=not magic,
+        description="nbhw: hardware for Hugging Face models" + (", in the notebook" if magic else ""),
+    )
+    sub = top.add_subparsers(
+        dest="command", metavar="{" + ",".join(c.name for c in COMMANDS) + "}", parser_class=Parser
+    )
+    for command in COMMANDS:
+        p = sub.add_parser(
+            command.name, aliases=list(command.aliases), help=_help(command.help), description=_help(command.help),
+            add_help=not magic,
+        )  # fmt: skip
+        for a in command.takes(surface):
+            _add(p, a)
+    return top
 
 
 def magic_parser() -> Parser:
     """The parser behind ``%hw``."""
-    parser = Parser(prog="%hw", add_help=False, description="nbhw: hardware for Hugging Face models, in the notebook")
-    _add_commands(parser, MAGIC_COMMANDS)
-    return parser
+    return parser("magic")
 
 
 def cli_parser() -> Parser:
     """The parser behind ``python -m nbhw``."""
-    parser = Parser(prog="nbhw", description="nbhw: hardware for Hugging Face models")
-    _add_commands(parser, CLI_COMMANDS)
-    return parser
+    return parser("cli")
 
 
 def split(line: str) -> list[str]:
@@ -155,9 +148,9 @@ def split(line: str) -> list[str]:
         raise UserError(f"%hw: cannot split {line!r}: {exc}") from None
 
 
-def subparser(parser: Parser, command: str) -> argparse.ArgumentParser | None:
-    """The parser of one subcommand."""
-    for action in parser._subparsers._group_actions if parser._subparsers else []:
+def subparser(top: Parser, command: str) -> argparse.ArgumentParser | None:
+    """The parser of one subcommand (or of an alias)."""
+    for action in top._subparsers._group_actions if top._subparsers else []:
         choices: Any = getattr(action, "choices", None) or {}
         if command in choices:
             found: argparse.ArgumentParser = choices[command]
@@ -165,33 +158,42 @@ def subparser(parser: Parser, command: str) -> argparse.ArgumentParser | None:
     return None
 
 
-def options(parser: argparse.ArgumentParser) -> list[str]:
+def options(p: argparse.ArgumentParser) -> list[str]:
     """The long options a parser takes."""
-    return [s for a in parser._actions for s in a.option_strings if s.startswith("--") and s != "--help"]
+    return [s for a in p._actions for s in a.option_strings if s.startswith("--") and s != "--help"]
 
 
-def parse(parser: Parser, argv: Sequence[str]) -> argparse.Namespace:
+def parse(top: Parser, argv: Sequence[str]) -> argparse.Namespace:
     """Parse, turning every mistake into one UserError line that names the valid words."""
-    args, extra = parser.parse_known_args(list(argv))
+    args, extra = top.parse_known_args(list(argv))
     if extra:
         command = getattr(args, "command", None)
-        sub = subparser(parser, command) if command else None
-        valid = ", ".join(options(sub)) if sub is not None else ", ".join(sorted(parser._subparsers_choices()))
-        where = f"{parser.prog} {command}" if command else parser.prog
+        sub = subparser(top, command) if command else None
+        valid = ", ".join(options(sub)) if sub is not None else _valid_commands()
+        where = f"{top.prog} {command}" if command else top.prog
         raise UserError(f"{where}: unrecognized {' '.join(extra)!r}; valid: {valid or 'no options'}")
+    if getattr(args, "command", None) in BY_NAME:
+        args.command = BY_NAME[args.command].name  # an alias runs the command it names
     return args
+
+
+def values(args: argparse.Namespace, declared: Sequence[Argument]) -> dict[str, Any]:
+    """The declared arguments the words gave, each checked by its declaration (a mistake is a UserError)."""
+    given = {a.name: getattr(args, a.name, None) for a in declared}
+    return {name: a.value(given[name]) for a in declared if (name := a.name) and given[name] is not None}
 
 
 def magic_help() -> str:
     """``%hw?``: the usage of every subcommand."""
-    parser = magic_parser()
+    top = magic_parser()
     parts = [
         "%hw                          full panel: Devices · Memory · Attention · Load",
         "",
-        parser.format_help().strip(),
+        top.format_help().strip(),
     ]
-    for action in parser._subparsers._group_actions if parser._subparsers else []:
-        choices: Any = getattr(action, "choices", None) or {}
-        for name, sub in choices.items():
-            parts += ["", f"%hw {name}", sub.format_help().strip()]
+    for command in COMMANDS:
+        sub = subparser(top, command.name)
+        if sub is not None:
+            also = f"  (also: {', '.join(f'%hw {a}' for a in command.aliases)})" if command.aliases else ""
+            parts += ["", f"%hw {command.name}{also}", sub.format_help().strip()]
     return "\n".join(parts)

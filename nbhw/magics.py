@@ -13,7 +13,15 @@ from IPython.display import display
 from traitlets import Float
 
 from nbhw import commands
+from nbhw.core.advice.arguments import ADVICE_ARGUMENTS
+from nbhw.core.advice.attention import advise
+from nbhw.core.argument import given
 from nbhw.core.errors import UserError
+from nbhw.core.hardware.detect import detect
+from nbhw.core.hardware.report import report
+from nbhw.core.memory.arguments import MEMORY_ARGUMENTS
+from nbhw.core.plan.arguments import PLAN_ARGUMENTS
+from nbhw.core.plan.load_plan import from_words
 
 
 def in_kernel(shell: Any) -> bool:
@@ -40,8 +48,14 @@ class HwMagics(Magics):
 
     hw.__doc__ = commands.magic_help()
 
+    def _show(self, result: Any, args: argparse.Namespace) -> None:
+        if getattr(args, "json", False):
+            print(json.dumps(result.to_dict(), indent=2))
+        else:
+            display(result)
+
     def _run_panel(self, args: argparse.Namespace) -> None:
-        from nbhw.ui.panel import panel
+        from nbhw.ui.panel import panel  # ipywidgets and plotly: only when a panel is asked for
 
         shown = panel(interval=self.interval, window=self.window)
         if in_kernel(self.shell):
@@ -50,17 +64,9 @@ class HwMagics(Magics):
             print(shown.text())
 
     def _run_devices(self, args: argparse.Namespace) -> None:
-        from nbhw.core.hardware.detect import detect
-
-        hardware = detect()
-        if args.json:
-            print(json.dumps(hardware.to_dict(), indent=2))
-        else:
-            display(hardware)
+        self._show(detect(), args)
 
     def _run_report(self, args: argparse.Namespace) -> None:
-        from nbhw.core.hardware.report import report
-
         result = report()
         if args.json:
             print(result.json())
@@ -68,14 +74,14 @@ class HwMagics(Magics):
             display(result)
 
     def _run_memory(self, args: argparse.Namespace) -> None:
-        from nbhw.ui import memory
+        from nbhw.ui import memory  # plotly: only when a graph is asked for
 
-        if args.stop:
+        asked = commands.values(args, MEMORY_ARGUMENTS)
+        if asked.get("stop"):
             memory.stop()
             print("nbhw: memory sampling stopped (%hw memory starts it again)")
             return
-        interval = self.interval if args.interval is None else args.interval
-        window = self.window if args.window is None else args.window
+        interval, window = asked.get("interval", self.interval), asked.get("window", self.window)
         monitor = memory.monitor(interval=interval, window=window)
         if in_kernel(self.shell):
             display(monitor)
@@ -83,36 +89,21 @@ class HwMagics(Magics):
             print(monitor.text())
 
     def _run_attention(self, args: argparse.Namespace) -> None:
-        from nbhw.core.advice.attention import advise
-
-        advice = advise(args.model, device=args.device, dtype=args.dtype, kernel=args.kernel, offline=args.offline)
-        if args.json:
-            print(json.dumps(advice.to_dict(), indent=2))
-        else:
-            display(advice)
+        self._show(advise(args.model, offline=args.offline, **given(args, ADVICE_ARGUMENTS)), args)
 
     def _run_load(self, args: argparse.Namespace) -> None:
-        from nbhw.core.plan.load_plan import from_words
-
         plan = from_words(args)  # a mistake in the words is a UsageError here, not a message in a panel
         if args.emit:
             self.shell.set_next_input(plan.code, replace=False)
             display(plan.view(code=False))
+        elif args.json:
+            print(json.dumps(plan.to_dict(), indent=2))
         elif in_kernel(self.shell):
-            from nbhw.ui.panel import panel
+            from nbhw.ui.panel import panel  # ipywidgets and plotly: only when a panel is asked for
 
+            words = given(args, PLAN_ARGUMENTS)
             opened = panel(
-                args.model,
-                device_map=plan.args.device_map,
-                dtype=plan.args.dtype if args.dtype else None,
-                attn_implementation=plan.args.attn_implementation,
-                use_kernels=plan.args.use_kernels,
-                quantization=plan.args.quantization,
-                max_memory=plan.args.max_memory,
-                offline=args.offline,
-                tab="Load",
-                interval=self.interval,
-                window=self.window,
+                args.model, offline=args.offline, tab="Load", interval=self.interval, window=self.window, **words
             )
             display(opened)
         else:
@@ -120,8 +111,8 @@ class HwMagics(Magics):
 
 
 def _memory() -> Any:
-    # The memory family is imported only by %hw memory / nbhw.monitor(): until then a cell hook costs a dict lookup.
-    return sys.modules.get("nbhw.core.memory")
+    # The sampler and its cell log are imported only by %hw memory / nbhw.monitor(): until then a hook is a lookup.
+    return sys.modules.get("nbhw.core.memory.process")
 
 
 def _nbhw_pre_run_cell(info: Any) -> None:
@@ -161,9 +152,9 @@ def unload(shell: Any) -> None:
     for views in (sys.modules.get("nbhw.ui.panel"), sys.modules.get("nbhw.ui.memory")):
         if views is not None:
             views.close_all()  # panels first: a panel's graph is also one of the memory views
-    memory = _memory()
-    if memory is not None:
-        memory.stop_all()
+    sampling = sys.modules.get("nbhw.core.memory.sampling")
+    if sampling is not None:
+        sampling.stop_all()
     manager = shell.magics_manager
     manager.magics["line"].pop("hw", None)
     manager.registry.pop("HwMagics", None)

@@ -17,7 +17,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from nbhw.__main__ import main
-from nbhw.core.advice import attention, attention_rules
+from nbhw.core.advice import attention_rules
 from nbhw.core.advice.attention import advise
 from nbhw.core.advice.status import STATUSES, Status
 from nbhw.core.errors import UserError

@@ -449,7 +449,7 @@ SUBPROCESS_LINES = [
     ["attention", 'org/na"me\n'],
     ["devices", "--jsn"],
     ["report", "'unbalanced"],
-    ["memory"],
+    ["memory", "--stop"],  # %hw memory --stop: a terminal process has no sampler to stop
 ]
 
 

@@ -15,7 +15,7 @@ import nbhw
 from nbhw.core.advice.status import Status
 from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.core.plan import load_form
-from nbhw.core.plan.arguments import strategy_names
+from nbhw.core.plan.arguments import NO_DEVICE_MAP, device_map_word, strategy_names
 from nbhw.core.plan.load_form import Form
 from nbhw.core.plan.placement import live_memory
 from tests.fakes import GIB, FakeGpu, FakeHardware
@@ -37,20 +37,21 @@ def test_choices_on_this_cpu_machine_come_from_detection_and_the_advisor(tiny: s
     choices = load_form.choices(tiny)
     advice = nbhw.attention(tiny)
     usable = [d.device for d in nbhw.detect().devices]
-    assert values(choices.device_maps) == [*strategy_names(), *usable, load_form.NO_DEVICE_MAP]
+    assert values(choices.options["device_map"]) == [*strategy_names(), *usable, NO_DEVICE_MAP]
     assert choices.target == advice.device == "cpu"
     assert choices.advised_dtype == advice.precision.dtype
-    assert [o.label for o in choices.dtypes if o.value == advice.precision.dtype] == [
+    assert [o.label for o in choices.options["dtype"] if o.value == advice.precision.dtype] == [
         f"{advice.precision.dtype} (advised)"
     ]
     # One entry per advisor row (the deprecated paged| aliases left out), after the default.
     rows = [r for r in advice.rows if r.kind != "paged"]
-    assert values(choices.attention) == [None, *(r.key for r in rows)]
-    for option, row in zip(choices.attention[1:], rows, strict=True):
+    assert values(choices.options["attn_implementation"]) == [None, *(r.key for r in rows)]
+    for option, row in zip(choices.options["attn_implementation"][1:], rows, strict=True):
         assert option.ok == (row.status == Status.WORKS)
         assert option.label.startswith({Status.WORKS: "✓", Status.WONT: "✗"}.get(row.status, "?"))
         assert row.reason in option.reason
-    assert choices.attention_option("sdpa") is not None and choices.attention_option("sdpa").ok  # type: ignore[union-attr]
+    sdpa = choices.option("attn_implementation", "sdpa")
+    assert sdpa is not None and sdpa.ok
     assert [(f.key, f.device) for f in choices.memory] == [(str(k), str(k)) for k in live_memory().max_memory]
 
 
@@ -59,8 +60,8 @@ def test_quantization_is_offered_only_where_bitsandbytes_can_run(
 ) -> None:
     if not import_utils.is_bitsandbytes_available():
         choices = load_form.choices(tiny)
-        assert values(choices.quantizations) == [None]
-        assert "bitsandbytes" in choices.quantization_note and "not installed" in choices.quantization_note
+        assert values(choices.options["quantization"]) == [None]
+        assert "bitsandbytes" in choices.notes["quantization"] and "not installed" in choices.notes["quantization"]
     # A bitsandbytes install (package and metadata) whose backends transformers then checks against the devices.
     package = tmp_path / "bitsandbytes"
     package.mkdir()
@@ -81,11 +82,11 @@ def test_quantization_is_offered_only_where_bitsandbytes_can_run(
     import_utils.is_bitsandbytes_available.cache_clear()
     request.addfinalizer(import_utils.is_bitsandbytes_available.cache_clear)
     assert import_utils.is_bitsandbytes_available()
-    assert values(load_form.choices(tiny).quantizations) == [None, "4bit", "8bit"]
+    assert values(load_form.choices(tiny).options["quantization"]) == [None, "4bit", "8bit"]
     monkeypatch.setattr(bitsandbytes, "supported_torch_devices", {"cuda"})
     choices = load_form.choices(tiny)
-    assert values(choices.quantizations) == [None]
-    assert "no backend" in choices.quantization_note
+    assert values(choices.options["quantization"]) == [None]
+    assert "no backend" in choices.notes["quantization"]
 
 
 def test_choices_with_two_gpus_list_them_and_advise_for_the_one_device_map_names(
@@ -96,7 +97,7 @@ def test_choices_with_two_gpus_list_them_and_advise_for_the_one_device_map_names
         FakeGpu(name="Tesla T4", total=16 * GIB, used=1 * GIB, cc=(7, 5), bf16=False),
     )
     auto = load_form.choices(tiny)
-    assert values(auto.device_maps) == [*strategy_names(), "cpu", "cuda:0", "cuda:1", load_form.NO_DEVICE_MAP]
+    assert values(auto.options["device_map"]) == [*strategy_names(), "cpu", "cuda:0", "cuda:1", NO_DEVICE_MAP]
     assert [(f.key, f.device) for f in auto.memory] == [("0", "cuda:0"), ("1", "cuda:1"), ("cpu", "cpu")]
     assert auto.memory[0].free == 78 * GIB and auto.memory[1].free == 15 * GIB
     assert auto.target == nbhw.attention(tiny).device == "cuda:0"
@@ -104,16 +105,16 @@ def test_choices_with_two_gpus_list_them_and_advise_for_the_one_device_map_names
     t4 = load_form.choices(tiny, device_map="cuda:1")
     assert t4.target == "cuda:1"
     assert t4.advised_dtype == nbhw.attention(tiny, device="cuda:1").precision.dtype == "float16"
-    assert "older than Ampere" in t4.dtype_reason
+    assert "older than Ampere" in t4.notes["dtype"]
     assert load_form.choices(tiny, device_map="cpu").target == "cpu"
-    assert load_form.choices(tiny, device_map=load_form.NO_DEVICE_MAP).target == "cpu"  # from_pretrained's default
+    assert load_form.choices(tiny, device_map=NO_DEVICE_MAP).target == "cpu"  # from_pretrained's default
 
 
 def test_a_model_whose_config_cant_be_read_still_gets_hardware_choices() -> None:
     choices = load_form.choices("nbhw-test/not-cached-anywhere", offline=True)
     assert choices.problem is not None and "not-cached-anywhere" in choices.problem
     assert choices.advised_dtype == nbhw.attention().precision.dtype
-    assert values(choices.attention)[:3] == [None, "eager", "sdpa"]
+    assert values(choices.options["attn_implementation"])[:3] == [None, "eager", "sdpa"]
 
 
 # ---------------------------------------------------------------- preview
@@ -125,7 +126,7 @@ FORMS = [
     {"dtype": "bfloat16", "attn_implementation": "eager"},
     {"device_map": "sequential", "max_memory": (("cpu", "1GiB"),)},
     {"device_map": "cpu"},
-    {"device_map": load_form.NO_DEVICE_MAP},
+    {"device_map": NO_DEVICE_MAP},
     {"device_map": '{"": "cpu"}', "dtype": "float32"},
     {"use_kernels": True},
     {"attn_implementation": "flash_attention_2"},
@@ -187,13 +188,13 @@ def test_a_mistake_in_an_entry_is_a_one_line_message_not_an_exception(
 def test_form_words_round_trip_into_the_plan(tiny: str) -> None:
     form = Form(
         tiny,
-        device_map=load_form.device_map_word({"": "cpu"}),
+        device_map=device_map_word({"": "cpu"}),
         max_memory=load_form.memory_pairs({0: "1GiB", "cpu": 10**9}),
     )
     assert form.device_map == '{"": "cpu"}'
     assert form.memory_budget() == {"0": "1GiB", "cpu": 10**9}
     assert load_form.memory_pairs(["0=1GiB", "cpu=2GiB"]) == (("0", "1GiB"), ("cpu", "2GiB"))
-    assert load_form.device_map_word(None) == load_form.NO_DEVICE_MAP and load_form.device_map_word(0) == "0"
+    assert device_map_word(None) == NO_DEVICE_MAP and device_map_word(0) == "0"
     plan = load_form.make_plan(form)
     assert plan.args.device_map == {"": "cpu"} and plan.args.max_memory == {0: "1GiB", "cpu": 10**9}
 

@@ -130,10 +130,15 @@ def test_the_thread_is_named_never_prints_and_stops(worker: Worker, capsys: pyte
 
 def test_the_load_tab_starts_on_the_advised_dtype_with_the_machines_choices(view: LoadView, tiny: str) -> None:
     advice = nbhw.attention(tiny)
-    assert view.dtype.value == advice.precision.dtype == view.form.dtype
-    assert (f"{advice.precision.dtype} (advised)", advice.precision.dtype) in view.dtype.options
-    assert [v for _, v in view.device_map.options][:4] == ["auto", "balanced", "balanced_low_0", "sequential"]
-    labels = {v: label for label, v in view.attn.options}
+    assert view.control("dtype").value == advice.precision.dtype == view.form.dtype
+    assert (f"{advice.precision.dtype} (advised)", advice.precision.dtype) in view.control("dtype").options
+    assert [v for _, v in view.control("device_map").options][:4] == [
+        "auto",
+        "balanced",
+        "balanced_low_0",
+        "sequential",
+    ]
+    labels = {v: label for label, v in view.control("attn_implementation").options}
     assert labels["sdpa"].startswith("✓") and labels["flash_attention_2"].startswith("✗")
     assert view.code.code == nbhw.plan(tiny, dtype=advice.precision.dtype).code.rstrip("\n")
     assert "✓ Dry run" in view.message.value
@@ -162,10 +167,10 @@ def test_changing_a_control_replans_in_the_background(
 
 
 def test_a_flash_attention_that_wont_work_is_marked_with_its_reason(view: LoadView, worker: Worker) -> None:
-    view.attn.value = "flash_attention_2"
+    view.control("attn_implementation").value = "flash_attention_2"
     settle(worker)
-    assert "nbhw-bad" in view.attn_note.value
-    assert "flash-attn" in text_of(view.attn_note.value)  # the package to install
+    assert "nbhw-bad" in view.note("attn_implementation").value
+    assert "flash-attn" in text_of(view.note("attn_implementation").value)  # the package to install
 
 
 def test_a_bad_entry_shows_a_message_and_no_code(view: LoadView, worker: Worker) -> None:
@@ -213,7 +218,7 @@ def test_a_bug_while_planning_is_a_message_in_the_tab_not_a_stuck_one(
         raise RuntimeError("planner bug")
 
     monkeypatch.setattr(load_form, "preview", broken)
-    view.dtype.value = "float16"
+    view.control("dtype").value = "float16"
     settle(worker)
     assert "nbhw failed here (RuntimeError: planner bug)" in text_of(view.message.value)
     assert view.code.code == ""
@@ -223,8 +228,11 @@ def test_values_from_words_that_no_option_holds_are_kept(tiny: str, worker: Work
     v = LoadView(Form(tiny, device_map="cuda:3", dtype="float64", attn_implementation="org/my-kernel"), worker)
     try:
         settle(worker)
-        assert v.device_map.value == "cuda:3" and ("cuda:3 (given)", "cuda:3") in v.device_map.options
-        assert v.dtype.value == "float64" and v.attn.value == "org/my-kernel"
+        assert (
+            v.control("device_map").value == "cuda:3"
+            and ("cuda:3 (given)", "cuda:3") in v.control("device_map").options
+        )
+        assert v.control("dtype").value == "float64" and v.control("attn_implementation").value == "org/my-kernel"
         assert 'device_map="cuda:3"' in v.code.code and "dtype=torch.float64" in v.code.code
         assert "cuda:3, which is not here" in v.report.value  # the dry run says so
     finally:
@@ -233,7 +241,7 @@ def test_values_from_words_that_no_option_holds_are_kept(tiny: str, worker: Work
 
 def test_many_quick_changes_end_on_the_last_one(view: LoadView, worker: Worker) -> None:
     for dtype in ["float16", "bfloat16", "float32", "float16", "auto", "bfloat16"] * 3 + ["float16"]:
-        view.dtype.value = dtype
+        view.control("dtype").value = dtype
     settle(worker)
     assert view.form.dtype == "float16" and "dtype=torch.float16" in view.code.code
     assert worker.applied <= 3  # the first plan, maybe one mid-burst, the last: not one per change
@@ -384,11 +392,10 @@ def test_quiet_sections_in_two_threads_leave_every_setting_as_it_was() -> None:
 
     before = (list(warnings.filters), hf_logging.get_verbosity(), constants.HF_HUB_OFFLINE,
               logging.getLogger("accelerate").level)  # fmt: skip
-    from nbhw.core.plan.placement import quiet as placement_quiet
 
     def churn() -> None:
         for _ in range(200):
-            with placement_quiet(), meta_build.hub_offline():
+            with meta_build.quiet(), meta_build.forced_offline():
                 time.sleep(0)
 
     threads = [threading.Thread(target=churn) for _ in range(4)]

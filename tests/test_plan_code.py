@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import nbhw
 from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.core.plan import codegen
-from nbhw.core.plan.arguments import LoadArgs
+from nbhw.core.plan.arguments import PlanArgs
 
 AUTO_CLASSES = [name for name, _ in __import__("nbhw.core.hf.meta_build", fromlist=["x"]).AUTO_CLASSES] + ["AutoModel"]
 # Any text, lone surrogates and control characters included.
@@ -38,7 +38,7 @@ def _from_pretrained_kwargs(source: str) -> dict[str, str]:
 
 
 args_strategy = st.builds(
-    LoadArgs,
+    PlanArgs,
     device_map=st.one_of(
         st.none(),
         st.sampled_from(["auto", "balanced", "sequential", "cpu", "cuda:1", "mps"]),
@@ -63,7 +63,7 @@ args_strategy = st.builds(
     config_dtype=st.sampled_from([None, "float32", "bfloat16"]),
 )
 def test_emitted_code_parses_and_keeps_every_string_exactly(
-    model: str, args: LoadArgs, auto_class: str, config_dtype: str | None
+    model: str, args: PlanArgs, auto_class: str, config_dtype: str | None
 ) -> None:
     arguments = codegen.call_arguments(args, config_dtype=config_dtype, default_device="cpu")
     source = codegen.cell(model, auto_class, arguments)

@@ -43,7 +43,7 @@ def transformers_device_map(monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> d
     monkeypatch.setattr(hf_modeling, "_get_device_map", spy)
     failure = ""
     try:
-        with placement.quiet():
+        with meta_build.quiet():
             AutoModelForCausalLM.from_pretrained(str(tiny_model_path()), **kwargs)
     except RuntimeError as exc:
         failure = str(exc)
@@ -114,7 +114,7 @@ def independent_device_map(config: LlamaConfig, max_memory: dict[Any, Any] | Non
 
     with torch.device("meta"), meta_build.quiet():
         model = AutoModelForCausalLM.from_config(copy.deepcopy(config), dtype=torch.bfloat16)
-    with placement.quiet():
+    with meta_build.quiet():
         return dict(_get_device_map(model, "auto", copy.deepcopy(max_memory), None))
 
 

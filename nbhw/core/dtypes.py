@@ -47,3 +47,11 @@ def check_dtype(value: Any) -> str:
     if not found.is_floating_point:
         raise UserError(f"dtype {value!r} is not a floating-point dtype; valid: {', '.join(OFFERED)}")
     return str(found).removeprefix("torch.")
+
+
+# The dtype argument of the load plan and of the attention advisor, declared once (nbhw.core.argument).
+DTYPE: dict[str, Any] = {
+    "metavar": "DTYPE",
+    "check": check_dtype,
+    "help": "float32, float16, bfloat16 or auto (the checkpoint's own dtype); torch's names and aliases work too",
+}

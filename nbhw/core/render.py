@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,18 @@ STYLE = """<style>
 .nbhw .sub { margin-left: 18px; }
 .nbhw .src { color: var(--jp-ui-font-color2, #777); font-size: 11px; overflow-wrap: anywhere; }
 </style>"""
+
+# One colour per device in every picture (the memory graph, the placement): device N takes PALETTE[N].
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
+HOST_COLORS = {"cpu": "#9e9e9e", "host": "#9e9e9e", "disk": "#616161"}
+
+
+def device_color(device: str) -> str:
+    """The colour of a device wherever nbhw draws it: cuda:1, gpu1 (NVML's index) and "accelerator 1" alike."""
+    if device in HOST_COLORS:
+        return HOST_COLORS[device]
+    m = re.search(r"(\d+)$", device)
+    return PALETTE[int(m.group(1)) % len(PALETTE)] if m else PALETTE[0]
 
 
 def size(nbytes: float | None) -> str:
@@ -88,3 +101,25 @@ class Shown:
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(self.text())
+
+
+# ---------------------------------------------------------------- Python source
+
+
+def py_str(text: str) -> str:
+    """A string literal for ``text``, double-quoted like black writes it when that needs no extra escapes."""
+    literal = repr(text)
+    if literal.startswith("'") and '"' not in text:
+        literal = '"' + literal[1:-1].replace("\\'", "'") + '"'
+    return literal
+
+
+def py_literal(value: Any) -> str:
+    """Source for an int, a string, or a dict of those."""
+    if isinstance(value, bool | int):
+        return repr(value)
+    if isinstance(value, str):
+        return py_str(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{py_literal(k)}: {py_literal(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"no literal for {type(value).__name__}")

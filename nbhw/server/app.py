@@ -15,9 +15,12 @@ from jupyter_core.utils import ensure_async
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import Bool, Float, TraitError, default, validate
 
-from nbhw.core import memory
 from nbhw.core.errors import UserError
+from nbhw.core.memory import sampling
+from nbhw.core.memory.sampling import MAX_INTERVAL, MIN_INTERVAL, Sampler
+from nbhw.core.memory.sources import machine_sources
 from nbhw.server import metrics
+from nbhw.server.handlers import ReportFailed, Stopped, routes
 from nbhw.server.processes import KernelRef, gpu_processes, nvml_gpus, server_kernels
 
 # `python -m nbhw report --json` runs in a child process: the server never imports torch or a vendor plugin.
@@ -26,14 +29,6 @@ REPORT_TIMEOUT = 120.0
 # The child starts in the folder holding the nbhw package this server imported, so `-m nbhw` finds that copy
 # rather than an `nbhw/` folder in the server's working directory.
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]
-
-
-class Stopped(Exception):
-    """The extension was stopped (the server is shutting down)."""
-
-
-class ReportFailed(Exception):
-    """`python -m nbhw report --json` did not give a report."""
 
 
 def env_float(name: str, fallback: float) -> float:
@@ -62,10 +57,8 @@ def env_bool(name: str, fallback: bool) -> bool:
 # Checks for configured values and for environment defaults alike (traitlets does not validate dynamic defaults).
 def check_interval(value: float) -> float:
     """Seconds between samples, in the sampler's range."""
-    if not memory.MIN_INTERVAL <= value <= memory.MAX_INTERVAL:
-        raise TraitError(
-            f"NbhwApp.interval must be between {memory.MIN_INTERVAL} and {memory.MAX_INTERVAL:g} seconds; got {value!r}"
-        )
+    if not MIN_INTERVAL <= value <= MAX_INTERVAL:
+        raise TraitError(f"NbhwApp.interval must be between {MIN_INTERVAL} and {MAX_INTERVAL:g} seconds; got {value!r}")
     return float(value)
 
 
@@ -90,7 +83,7 @@ class NbhwApp(ExtensionApp):
     description = __doc__
 
     interval = Float(
-        help=f"Seconds between the server's memory samples ({memory.MIN_INTERVAL} to {memory.MAX_INTERVAL:g}); "
+        help=f"Seconds between the server's memory samples ({MIN_INTERVAL} to {MAX_INTERVAL:g}); "
         "default $NBHW_SERVER_INTERVAL or 1.0."
     ).tag(config=True)
     window = Float(help="Seconds of memory history kept; default $NBHW_SERVER_WINDOW or 600.").tag(config=True)
@@ -133,7 +126,7 @@ class NbhwApp(ExtensionApp):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._sampler: memory.Sampler | None = None
+        self._sampler: Sampler | None = None
         self._sampler_lock = asyncio.Lock()
         self._stopped = False
         self._report: tuple[float, str] | None = None
@@ -144,14 +137,12 @@ class NbhwApp(ExtensionApp):
     def initialize_settings(self) -> None:
         """Check that interval and window go together before any route can start the sampler."""
         try:
-            memory.validate(self.interval, self.window)
+            sampling.validate(self.interval, self.window)
         except UserError as exc:
             raise TraitError(f"NbhwApp: {exc}") from None
 
     def initialize_handlers(self) -> None:
         """The routes, under the server's base_url."""
-        from nbhw.server.handlers import routes
-
         self.handlers.extend(routes())
 
     async def stop_extension(self) -> None:
@@ -166,11 +157,11 @@ class NbhwApp(ExtensionApp):
     # -- the sampler
 
     @property
-    def sampler(self) -> memory.Sampler | None:
+    def sampler(self) -> Sampler | None:
         """The server's sampler once a route has started it."""
         return self._sampler
 
-    async def started_sampler(self) -> memory.Sampler:
+    async def started_sampler(self) -> Sampler:
         """The server's sampler, created and started on first use (NVML's first call is made off the IO loop)."""
         self._check_running()
         async with self._sampler_lock:
@@ -183,15 +174,15 @@ class NbhwApp(ExtensionApp):
                 self._sampler = sampler
         return self._sampler
 
-    def _new_sampler(self) -> memory.Sampler:
+    def _new_sampler(self) -> Sampler:
         # The host and the GPUs by nvidia-smi index, whether or not something imported torch in this process.
-        return memory.Sampler(self.interval, self.window, sources=memory.machine_sources()).start()
+        return Sampler(self.interval, self.window, sources=machine_sources()).start()
 
     def _check_running(self) -> None:
         if self._stopped:
             raise Stopped("the nbhw server extension has stopped (the server is shutting down)")
 
-    async def kernels(self, sampler: memory.Sampler) -> dict[int, KernelRef]:
+    async def kernels(self, sampler: Sampler) -> dict[int, KernelRef]:
         """PID -> this server's kernel, with the notebook each kernel's session has open (when there are GPUs)."""
         if not self.per_process or self.serverapp is None or not nvml_gpus(sampler.sources()):
             return {}
@@ -209,7 +200,7 @@ class NbhwApp(ExtensionApp):
         kernels = await self.kernels(sampler)
         return await asyncio.get_running_loop().run_in_executor(None, self._memory, sampler, since, kernels)
 
-    def _memory(self, sampler: memory.Sampler, since: float | None, kernels: dict[int, KernelRef]) -> dict[str, Any]:
+    def _memory(self, sampler: Sampler, since: float | None, kernels: dict[int, KernelRef]) -> dict[str, Any]:
         body: dict[str, Any] = sampler.samples(since=since).to_dict()
         body.update(window=sampler.window, running=sampler.running, now=sampler.wall_time())
         body["latest"] = sampler.latest or sampler.read_now().values
@@ -225,7 +216,7 @@ class NbhwApp(ExtensionApp):
         kernels = await self.kernels(sampler)
         return await asyncio.get_running_loop().run_in_executor(None, self._metrics, sampler, kernels)
 
-    def _metrics(self, sampler: memory.Sampler, kernels: dict[int, KernelRef]) -> bytes:
+    def _metrics(self, sampler: Sampler, kernels: dict[int, KernelRef]) -> bytes:
         latest = sampler.latest or sampler.read_now().values
         found = gpu_processes(nvml_gpus(sampler.sources()), kernels)[0] if self.per_process else None
         return metrics.exposition(sampler.traces, latest, found)

@@ -5,18 +5,14 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.extension.handler import ExtensionHandlerMixin
 from tornado import web
 
-from nbhw.server.app import ReportFailed, Stopped
 from nbhw.server.metrics import CONTENT_TYPE
-
-if TYPE_CHECKING:
-    from nbhw.server.app import NbhwApp
 
 # The resource an Authorizer (JupyterHub's scopes, a custom ServerApp.authorizer_class) is asked about.
 AUTH_RESOURCE = "nbhw"
@@ -24,6 +20,24 @@ AUTH_RESOURCE = "nbhw"
 SINCE = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,9})?")
 # How far ahead of the server's clock `since` may be (a client's clock may run a little fast).
 SINCE_AHEAD = 86400.0
+
+
+class Stopped(Exception):
+    """The extension was stopped (the server is shutting down): the routes answer 503."""
+
+
+class ReportFailed(Exception):
+    """`python -m nbhw report --json` did not give a report: the devices route answers 500."""
+
+
+class Answers(Protocol):
+    """What the routes ask of the extension app (nbhw.server.app.NbhwApp)."""
+
+    async def devices_body(self) -> str: ...
+
+    async def memory_body(self, since: float | None) -> dict[str, Any]: ...
+
+    async def metrics_body(self) -> bytes: ...
 
 
 def shown(value: str, width: int = 40) -> str:
@@ -57,9 +71,9 @@ class NbhwHandler(ExtensionHandlerMixin, APIHandler):
     _track_activity = False
 
     @property
-    def nbhw(self) -> NbhwApp:
+    def nbhw(self) -> Answers:
         """The extension app."""
-        return cast("NbhwApp", self.extensionapp)
+        return cast(Answers, self.extensionapp)
 
     def fail(self, status: int, message: str) -> None:
         """Answer with a status and a JSON ``{"message": ...}`` (the message never goes through %-formatting)."""

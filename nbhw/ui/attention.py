@@ -5,12 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import ipywidgets as w
+
 from nbhw.core import render
-from nbhw.ui.worker import LOCK, Worker, locked
+from nbhw.core.advice.attention import advise
+from nbhw.core.advice.attention_rules import device_types
+from nbhw.core.dtypes import AUTO, OFFERED
+from nbhw.core.errors import UserError
+from nbhw.core.hardware.detect import detect
+from nbhw.ui.tree import close_tree
+from nbhw.ui.worker import LOCK, Worker, locked, unexpected
 
 BEST = ""  # the device dropdown's "best usable device here" (the advisor's own default)
-DTYPE_OPTIONS = [("advised", ""), ("float32", "float32"), ("float16", "float16"), ("bfloat16", "bfloat16"),
-                 ("auto", "auto")]  # fmt: skip
+DTYPE_OPTIONS = [("advised", ""), *((d, d) for d in OFFERED if d != AUTO), (AUTO, AUTO)]
 
 
 @dataclass
@@ -23,9 +30,6 @@ class AdviceResult:
 
 def device_options() -> list[tuple[str, str]]:
     """The best device, each usable device, then the device types the advisor can plan for that are not here."""
-    from nbhw.core.advice.attention_rules import device_types
-    from nbhw.core.hardware.detect import detect
-
     here = [d.device for d in detect().devices]
     kinds = {d.split(":")[0] for d in here}
     options = [("best here", BEST), *((d, d) for d in here)]
@@ -35,10 +39,6 @@ def device_options() -> list[tuple[str, str]]:
 
 def advice_html(model: str, device: str, dtype: str, offline: bool) -> AdviceResult:
     """The advice for the controls' values, computed off the kernel's thread."""
-    from nbhw.core.advice.attention import advise
-    from nbhw.core.errors import UserError
-    from nbhw.ui.load import unexpected
-
     try:
         devices = device_options()
         advice = advise(model.strip() or None, device=device or None, dtype=dtype or None, offline=offline)
@@ -53,8 +53,6 @@ class AttentionView:
     """Model, device and dtype controls over the advisor's table."""
 
     def __init__(self, worker: Worker, model: str, offline: bool = False, models: list[str] | None = None) -> None:
-        import ipywidgets as w
-
         self.worker = worker
         self.closed = False
         self._syncing = False
@@ -105,7 +103,5 @@ class AttentionView:
 
     def close(self) -> None:
         """Close the widgets, their layouts and styles."""
-        from nbhw.ui.tree import close_tree
-
         self.closed = True
         close_tree(*self.widgets())

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from nbhw.ui.worker import Worker
+import ipywidgets as w
+
+from nbhw.core import render
+from nbhw.core.hardware.detect import detect
+from nbhw.ui.tree import close_tree
+from nbhw.ui.worker import Worker, unexpected
 
 WAITING = "<span class='nbhw-note'>detecting…</span>"
 
 
 def devices_html() -> str:
     """The devices view as HTML, read now."""
-    from nbhw.core import render
-    from nbhw.core.hardware.detect import detect
-    from nbhw.ui.load import unexpected
-
     try:
         return detect().html()
     except Exception as exc:  # detection reports failures as values; anything else is a bug to show, not hide
@@ -25,8 +26,6 @@ class DevicesView:
     """The devices view and a Refresh button."""
 
     def __init__(self, worker: Worker) -> None:
-        import ipywidgets as w
-
         self.worker = worker
         self.closed = False
         self._key = ("devices", id(self))
@@ -51,7 +50,5 @@ class DevicesView:
 
     def close(self) -> None:
         """Close the widgets, their layouts and styles."""
-        from nbhw.ui.tree import close_tree
-
         self.closed = True
         close_tree(*self.widgets())

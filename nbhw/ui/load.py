@@ -12,17 +12,19 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+import ipywidgets
+
 from nbhw.core import render
+from nbhw.core.argument import Argument
+from nbhw.core.errors import UserError
 from nbhw.core.plan import load_form
-from nbhw.core.plan.load_form import Choices, Form, Option, Preview, Unit
+from nbhw.core.plan.load_form import CONTROLS, Choices, Form, Option, Preview, Unit
 from nbhw.ui.codebox import codebox
 from nbhw.ui.tree import close_tree
-from nbhw.ui.worker import LOCK, Worker, locked
+from nbhw.ui.worker import LOCK, Worker, locked, unexpected
 
 DEFAULT = ""  # the dropdown value of "None" (the default): ipywidgets reads a None value as "nothing selected"
 LABEL_WIDTH = "150px"
-COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
-HOST_COLORS = {"cpu": "#9e9e9e", "disk": "#616161"}
 CHOICES_CACHE = 16
 STYLE = """<style>
 .nbhw-load .widget-html-content { line-height: 1.35; }
@@ -65,13 +67,8 @@ def clear_cache() -> None:
 
 
 def device_colors(devices: list[str]) -> dict[str, str]:
-    """One colour per device, in the order given; cpu and disk in greys."""
-    colors: dict[str, str] = {}
-    palette = iter(COLORS * (1 + len(devices) // len(COLORS)))
-    for device in devices:
-        if device not in colors:
-            colors[device] = HOST_COLORS.get(device) or next(palette)
-    return colors
+    """Each device's colour (the same as in the memory graph), in the order given."""
+    return {device: render.device_color(device) for device in dict.fromkeys(devices)}
 
 
 def picture_html(preview: Preview) -> str:
@@ -128,11 +125,6 @@ class Result:
     report: str
 
 
-def unexpected(exc: Exception) -> str:
-    """The message for a bug: shown in the tab rather than leaving it waiting."""
-    return f"nbhw failed here ({type(exc).__name__}: {exc}); please report it with %hw report"
-
-
 def compute(form: Form) -> Result:
     """Choices, preview and HTML for a form (the worker runs this off the kernel's thread)."""
     try:
@@ -142,8 +134,6 @@ def compute(form: Form) -> Result:
 
 
 def _compute(form: Form) -> Result:
-    from nbhw.core.errors import UserError
-
     choices: Choices | None = None
     try:
         choices = cached_choices(form)
@@ -169,8 +159,6 @@ def _pairs(options: list[Option], current: str | None) -> list[tuple[str, str]]:
 
 
 def _ipywidgets() -> Any:
-    import ipywidgets
-
     return ipywidgets
 
 
@@ -180,7 +168,11 @@ def _control(name: str) -> Any:
 
 
 class LoadView:
-    """The Load tab's widgets over a :class:`Form`; every change re-plans in the background."""
+    """The Load tab's widgets over a :class:`Form`; every change re-plans in the background.
+
+    One control per declared argument that names one (:data:`nbhw.core.plan.load_form.CONTROLS`), in declaration
+    order, each with its note beside it; ``max_memory`` is one size field per device accelerate would fill.
+    """
 
     def __init__(self, form: Form, worker: Worker, models: list[str] | None = None) -> None:
         self.form = form
@@ -209,35 +201,47 @@ class LoadView:
         self.offline = _control("Checkbox")(
             value=form.offline, description="offline (never contact the Hub)", indent=False
         )
-        self.device_map = self._dropdown("device_map", form.device_map, form.device_map)
-        self.dtype = self._dropdown("dtype", form.dtype or "auto", form.dtype or "auto")
-        self.attn = self._dropdown("attn_implementation", form.attn_implementation or "default",
-                                   form.attn_implementation or DEFAULT)  # fmt: skip
-        self.use_kernels = _control("Checkbox")(value=form.use_kernels, description="use_kernels", style=label)
-        self.quantization = self._dropdown("quantization", form.quantization or "none", form.quantization or DEFAULT)
-        self.device_note, self.dtype_note, self.attn_note, self.quant_note = (
-            w.HTML(layout=w.Layout(margin="0 0 0 10px", max_width="520px")) for _ in range(4)
-        )
-        self.memory = w.HBox(layout=w.Layout(flex_flow="row wrap"))
+        self.inputs: dict[str, Any] = {}
+        self.notes: dict[str, Any] = {}
+        for name, declared in CONTROLS.items():
+            if declared.control == "sizes":
+                self.inputs[name] = w.HBox(layout=w.Layout(flex_flow="row wrap"))
+            else:
+                self.inputs[name] = self._input(declared, getattr(form, name))
+            self.notes[name] = w.HTML(layout=w.Layout(margin="0 0 0 10px", max_width="520px"))
         self.message = w.HTML("<span class='nbhw-note'>planning…</span>")
         self.code = codebox()
         self.picture = w.HTML()
         self.report = w.HTML()
 
+    def _input(self, declared: Argument, word: Any) -> Any:
+        label = {"description_width": LABEL_WIDTH}
+        if declared.control == "checkbox":
+            return _control("Checkbox")(value=bool(word), description=declared.name, style=label)
+        if declared.control == "dropdown":
+            shown = DEFAULT if word is None else str(word)
+            return self._dropdown(declared.name, shown or "default", shown)
+        return _control("Text")(
+            value="" if word is None else str(word), description=declared.name, continuous_update=False,
+            placeholder=declared.metavar or "", style=label, layout=_ipywidgets().Layout(width="460px"),
+        )  # fmt: skip
+
+    def control(self, name: str) -> Any:
+        """The widget of one declared argument (a Dropdown, Checkbox or Text; an HBox of fields for max_memory)."""
+        return self.inputs[name]
+
+    def note(self, name: str) -> Any:
+        """The note beside one argument's control."""
+        return self.notes[name]
+
     def _layout(self) -> Any:
         w = _ipywidgets()
         memory_label = w.HTML(f'<div style="width:{LABEL_WIDTH};text-align:right;padding-right:8px">max_memory</div>')
-        self._rows = [
-            w.HBox(children, layout=w.Layout(align_items="center"))
-            for children in (
-                [self.model, self.offline],
-                [self.device_map, self.device_note],
-                [self.dtype, self.dtype_note],
-                [self.attn, self.attn_note],
-                [self.use_kernels, self.quantization, self.quant_note],
-                [memory_label, self.memory],
-            )
-        ]
+        rows = [[self.model, self.offline]]
+        for name, declared in CONTROLS.items():
+            lead = [memory_label] if declared.control == "sizes" else []
+            rows.append([*lead, self.inputs[name], self.notes[name]])
+        self._rows = [w.HBox(children, layout=w.Layout(align_items="center")) for children in rows]
         self._extras = [w.HTML(STYLE), memory_label]
         box = w.VBox([self._extras[0], *self._rows, self.message, self.code, self.picture, self.report])
         box.add_class("nbhw-load")
@@ -253,23 +257,22 @@ class LoadView:
 
     def controls(self) -> list[Any]:
         """The controls whose changes re-plan (the max_memory fields observe themselves)."""
-        return [self.model, self.offline, self.device_map, self.dtype, self.attn, self.use_kernels, self.quantization]
+        declared = [self.inputs[n] for n, a in CONTROLS.items() if a.control != "sizes"]
+        return [self.model, self.offline, *declared]
 
     # -- the form
 
     def read_form(self) -> Form:
         """The form as the controls hold it now."""
-        memory = tuple((key, str(field.value)) for key, field in self.memory_fields.items())
-        return Form(
-            model=str(self.model.value),
-            device_map=str(self.device_map.value),
-            dtype=str(self.dtype.value),
-            attn_implementation=self.attn.value or None,
-            use_kernels=bool(self.use_kernels.value),
-            quantization=self.quantization.value or None,
-            max_memory=memory,
-            offline=bool(self.offline.value),
-        )
+        words: dict[str, Any] = {}
+        for name, declared in CONTROLS.items():
+            if declared.control == "sizes":
+                words[name] = tuple((key, str(f.value)) for key, f in self.memory_fields.items())
+            elif declared.control == "checkbox":
+                words[name] = bool(self.inputs[name].value)
+            else:
+                words[name] = self.inputs[name].value or None
+        return Form(str(self.model.value), offline=bool(self.offline.value), **words)
 
     def _changed(self, change: Any = None) -> None:
         with LOCK:
@@ -305,15 +308,14 @@ class LoadView:
         finally:
             self._syncing = False
 
+    def _dropdowns(self) -> list[str]:
+        return [n for n, a in CONTROLS.items() if a.control == "dropdown"]
+
     def _show_choices(self, choices: Choices, form: Form) -> None:
         self.choices = choices
-        for dropdown, options, value in (
-            (self.device_map, choices.device_maps, form.device_map),
-            (self.dtype, choices.dtypes, form.dtype),
-            (self.attn, choices.attention, form.attn_implementation),
-            (self.quantization, choices.quantizations, form.quantization),
-        ):
-            pairs = _pairs(list(options), value)
+        for name in self._dropdowns():
+            dropdown, value = self.inputs[name], getattr(form, name)
+            pairs = _pairs(list(choices.options.get(name, ())), value)
             if list(dropdown.options) != pairs:
                 with dropdown.hold_sync():  # options and value in one message
                     dropdown.options = pairs
@@ -336,51 +338,53 @@ class LoadView:
             )  # fmt: skip
             text.observe(self._changed, names="value")
             self.memory_fields[f.key] = text
-        self.memory.children = list(self.memory_fields.values())
+        self.inputs["max_memory"].children = list(self.memory_fields.values())
         close_tree(*old.values())
 
     def _show_form(self, form: Form) -> None:
         self.model.value = form.model
         self.offline.value = form.offline
-        for dropdown, value in (
-            (self.device_map, form.device_map),
-            (self.dtype, form.dtype or "auto"),
-            (self.attn, form.attn_implementation),
-            (self.quantization, form.quantization),
-        ):
-            wanted = DEFAULT if value is None else value
-            if wanted not in [v for _, v in dropdown.options]:
-                with dropdown.hold_sync():
-                    dropdown.options = [*dropdown.options, (f"{wanted} (given)", wanted)]
-                    dropdown.value = wanted
-            elif dropdown.value != wanted:
-                dropdown.value = wanted
-        self.use_kernels.value = form.use_kernels
+        for name, declared in CONTROLS.items():
+            value = getattr(form, name)
+            if declared.control == "dropdown":
+                self._show_dropdown(self.inputs[name], value)
+            elif declared.control == "checkbox":
+                self.inputs[name].value = bool(value)
+            elif declared.control == "text":
+                self.inputs[name].value = "" if value is None else str(value)
         sizes = dict(form.max_memory)
         for key, field in self.memory_fields.items():
             field.value = sizes.get(key, "")
+
+    @staticmethod
+    def _show_dropdown(dropdown: Any, value: Any) -> None:
+        wanted = DEFAULT if value is None else value
+        if wanted not in [v for _, v in dropdown.options]:
+            with dropdown.hold_sync():
+                dropdown.options = [*dropdown.options, (f"{wanted} (given)", wanted)]
+                dropdown.value = wanted
+        elif dropdown.value != wanted:
+            dropdown.value = wanted
 
     def _show_notes(self, result: Result) -> None:
         choices = result.choices
         if choices is None:
             return
-        form = result.form
-        advised = choices.advised_dtype
-        self.dtype_note.value = note_html(f"advised for {choices.target}: {advised} — {choices.dtype_reason}")
-        option = choices.attention_option(form.attn_implementation)
+        for name in CONTROLS:
+            self.notes[name].value = note_html(choices.notes[name]) if choices.notes.get(name) else ""
+        option = choices.option("attn_implementation", result.form.attn_implementation)
         if option is None:
-            self.attn_note.value = note_html("not one of the advisor's rows: checked by the dry run only")
+            text = "not one of the advisor's rows: checked by the dry run only"
+            self.notes["attn_implementation"].value = note_html(text)
         else:
-            self.attn_note.value = note_html(option.reason, bad=not option.ok)
-        self.quant_note.value = note_html(choices.quantization_note)
-        self.device_note.value = note_html(f"the dtype and attention advice below are for {choices.target}")
+            self.notes["attn_implementation"].value = note_html(option.reason, bad=not option.ok)
 
     # -- lifecycle
 
     def widgets(self) -> list[Any]:
         """Every widget this view owns (closed with it)."""
-        notes = [self.device_note, self.dtype_note, self.attn_note, self.quant_note]
-        shown = [self.memory, self.message, self.code, self.picture, self.report]
+        notes = list(self.notes.values())
+        shown = [self.inputs["max_memory"], self.message, self.code, self.picture, self.report]
         return [*self.controls(), *notes, *shown, *self.memory_fields.values(), *self._extras, *self._rows, self.box]
 
     def close(self) -> None:

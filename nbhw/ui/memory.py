@@ -22,8 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from nbhw.core import memory
-from nbhw.core.render import GIB, MIB, esc, html_table
+from nbhw.core.memory import process, summary
+from nbhw.core.memory.cell_records import CellLog, CellRecord
+from nbhw.core.memory.ring import Samples
+from nbhw.core.memory.sampling import Sampler
+from nbhw.core.memory.sources import Trace
+from nbhw.core.render import GIB, MIB, device_color, esc, html_table
+from nbhw.ui.tree import close_tree
 
 LOCK = threading.RLock()
 WIDTH = 860
@@ -33,7 +38,6 @@ MAX_CELL_MARKERS = 20
 # Points per trace on the graph, whatever the window: about one per 3 px of the plot, and what keeps a device's
 # traces within 4 KB per tick (float32).
 POINTS = 240
-COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 DASH = {"allocated": "solid", "reserved": "dash", "used": "dot", "rss": "solid", "available": "dot"}
 BOX_CLASS = "nbhw-memory"
 GRAPH_CLASS = "nbhw-memory-graph"
@@ -159,8 +163,8 @@ class MemoryView:
 
     def __init__(
         self,
-        sampler: memory.Sampler,
-        log: memory.CellLog,
+        sampler: Sampler,
+        log: CellLog,
         *,
         width: int = WIDTH,
         row_height: int = ROW_HEIGHT,
@@ -204,8 +208,6 @@ class MemoryView:
 
     def close(self) -> None:
         """Close the widgets (with their layouts and styles); the last view to close stops the sampler."""
-        from nbhw.ui.tree import close_tree
-
         with LOCK:
             if self.closed:
                 return
@@ -221,7 +223,7 @@ class MemoryView:
         if last:
             self.sampler.stop()
 
-    def _on_tick(self, sampler: memory.Sampler) -> None:
+    def _on_tick(self, sampler: Sampler) -> None:
         with LOCK:
             self.ticks_seen += 1
             self.render()
@@ -254,7 +256,7 @@ class MemoryView:
         self.frames_sent += 1
         return True
 
-    def _rebuild(self, data: memory.Samples) -> None:
+    def _rebuild(self, data: Samples) -> None:
         figure_class, _ = _classes()
         old = self.figure
         self.figure = figure_class(self._figure_dict(data.traces))
@@ -271,11 +273,11 @@ class MemoryView:
             old.close()
 
     @staticmethod
-    def _rows(traces: tuple[memory.Trace, ...]) -> dict[str, int]:
+    def _rows(traces: tuple[Trace, ...]) -> dict[str, int]:
         has_devices = any(t.device != "host" for t in traces)
         return {t.key: 1 if t.device == "host" or not has_devices else 2 for t in traces}
 
-    def _figure_dict(self, traces: tuple[memory.Trace, ...]) -> dict[str, Any]:
+    def _figure_dict(self, traces: tuple[Trace, ...]) -> dict[str, Any]:
         from plotly.subplots import make_subplots
 
         rows = self._rows(traces)
@@ -286,9 +288,8 @@ class MemoryView:
         fig = make_subplots(
             rows=nrows, cols=1, shared_xaxes=True, vertical_spacing=0.1, subplot_titles=titles, specs=specs
         )
-        devices = list(dict.fromkeys(t.device for t in traces))
         for trace in traces:
-            color = COLORS[devices.index(trace.device) % len(COLORS)]
+            color = device_color(trace.device)
             style: dict[str, Any] = {"color": color, "width": 1.5, "dash": DASH.get(trace.kind, "solid")}
             if trace.kind == "capacity":
                 style = {"color": color, "width": 1, "dash": "longdash"}
@@ -331,7 +332,7 @@ class MemoryView:
         result: dict[str, Any] = fig.to_dict()
         return result
 
-    def _draw(self, data: memory.Samples) -> None:
+    def _draw(self, data: Samples) -> None:
         fig = self.figure
         if len(data) == 0:
             return
@@ -381,7 +382,7 @@ class MemoryView:
 
     @staticmethod
     def _peak(
-        into: tuple[list[str], list[float], list[str]], trace: memory.Trace, series: np.ndarray, times: np.ndarray
+        into: tuple[list[str], list[float], list[str]], trace: Trace, series: np.ndarray, times: np.ndarray
     ) -> None:
         if not len(series) or np.isnan(series).all():
             return
@@ -391,7 +392,7 @@ class MemoryView:
         into[1].append(value / GIB)
         into[2].append(f"peak {trace.label}: {_exact(value)} at {_stamp(float(times[i]))[11:19]}")
 
-    def _cell_markers(self, data: memory.Samples) -> None:
+    def _cell_markers(self, data: Samples) -> None:
         if not len(data):
             return
         start = float(data.times[0])
@@ -439,7 +440,7 @@ class MemoryView:
         self.figure.layout.shapes = shapes
         self.figure.layout.annotations = [*titles, *({**a, "name": "cell"} for a in annotations)]
 
-    def _texts(self, data: memory.Samples) -> None:
+    def _texts(self, data: Samples) -> None:
         state = "running" if self.sampler.running else "stopped"
         now = []
         for trace in data.traces:
@@ -448,10 +449,10 @@ class MemoryView:
                 continue
             now.append(
                 f'<span title="{value:,} bytes">{esc(trace.device)} {esc(trace.kind)} '
-                f"<b>{esc(memory.gib(value))}</b></span>"
+                f"<b>{esc(summary.gib(value))}</b></span>"
             )
         figures = " · ".join(now) if self.sampler.running else ""
-        self.status.value = f'<span class="state" data-state="{state}">{esc(memory.status(self.sampler))}</span>' + (
+        self.status.value = f'<span class="state" data-state="{state}">{esc(summary.status(self.sampler))}</span>' + (
             f" — {figures}" if figures else ""
         )
         self.errors.value = "<br>".join(
@@ -463,28 +464,28 @@ class MemoryView:
             self.table.value = cells_html(self.log)
 
 
-def _machine(trace: memory.Trace) -> bool:
+def _machine(trace: Trace) -> bool:
     """Whether a trace is a machine-wide host figure (drawn on the host row's right axis)."""
     return trace.device == "host" and trace.kind in {"available", "capacity"}
 
 
-def _cell_label(record: memory.CellRecord) -> str:
+def _cell_label(record: CellRecord) -> str:
     return f"[{record.execution_count}]" if record.execution_count is not None else "[ ]"
 
 
-def _cell_hover(record: memory.CellRecord) -> str:
+def _cell_hover(record: CellRecord) -> str:
     lines = [f"{_cell_label(record)} {esc(record.first_line)}"]
     for m in record.memory.values():
-        lines.append(f"{esc(m.device)}: delta {memory.gib(m.delta, signed=True)}, peak {memory.gib(m.peak)}")
+        lines.append(f"{esc(m.device)}: delta {summary.gib(m.delta, signed=True)}, peak {summary.gib(m.peak)}")
     return "<br>".join(lines)
 
 
-def cells_html(log: memory.CellLog, n: int = 5) -> str:
+def cells_html(log: CellLog, n: int = 5) -> str:
     """The table of cells that used the most memory, as HTML."""
-    rows = memory.cell_rows(log, n)
+    rows = summary.cell_rows(log, n)
     if not rows:
         return "<b>Cells that used the most memory</b>: none yet (cells are recorded while sampling runs)"
-    table = html_table(memory.CELL_HEADERS, rows, css_class="nbhw-table nbhw-memory-table")
+    table = html_table(summary.CELL_HEADERS, rows, css_class="nbhw-table nbhw-memory-table")
     return f"<b>Cells that used the most memory</b>{table}"
 
 
@@ -495,7 +496,7 @@ class Monitor:
     ``.stop()`` stops sampling (every graph says so), ``.start()`` resumes.
     """
 
-    def __init__(self, sampler: memory.Sampler, log: memory.CellLog) -> None:
+    def __init__(self, sampler: Sampler, log: CellLog) -> None:
         self.sampler, self.log = sampler, log
 
     def start(self) -> Monitor:
@@ -513,18 +514,18 @@ class Monitor:
         return self.sampler.running
 
     @property
-    def samples(self) -> memory.Samples:
+    def samples(self) -> Samples:
         """Everything in the window: wall-clock times and float32 bytes per trace."""
         return self.sampler.samples()
 
     @property
-    def cells(self) -> list[memory.CellRecord]:
+    def cells(self) -> list[CellRecord]:
         """One record per cell run while sampling: execution count, first line, delta and peak per device."""
         return list(self.log.records)
 
     def text(self) -> str:
         """The current figures and the per-cell table as text."""
-        return memory.text(self.sampler, self.log)
+        return summary.text(self.sampler, self.log)
 
     def view(self) -> MemoryView:
         """A new live graph of the same sampler, with widgets of its own."""
@@ -559,14 +560,14 @@ def monitor(interval: float = 0.5, window: float = 600.0) -> Monitor:
     ``interval``: seconds between samples; ``window``: seconds of history kept. One thread samples for every
     graph; ``mon.stop()`` or ``%hw memory --stop`` stops it, and so does closing the last graph.
     """
-    sampler = memory.sampler()
+    sampler = process.sampler()
     sampler.start(interval, window)
-    return Monitor(sampler, memory.cells())
+    return Monitor(sampler, process.cells())
 
 
 def stop() -> bool:
     """Stop this kernel's sampler if it exists; whether it was running."""
-    sampler = memory.existing()
+    sampler = process.existing()
     if sampler is None:
         return False
     running = bool(sampler.running)

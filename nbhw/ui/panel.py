@@ -9,14 +9,23 @@ worker.
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import ipywidgets as w
+
+from nbhw.core.argument import signature
 from nbhw.core.errors import UserError, one_of
-from nbhw.core.plan.load_form import Form, device_map_word, memory_pairs
-
-if TYPE_CHECKING:
-    from nbhw.ui.worker import Worker
+from nbhw.core.hardware.detect import detect
+from nbhw.core.plan import load_form
+from nbhw.core.plan.load_form import CONTROLS, Form, cached_models, form_words
+from nbhw.ui.attention import AttentionView
+from nbhw.ui.devices import DevicesView
+from nbhw.ui.load import LoadView
+from nbhw.ui.memory import LOCK, MemoryView, in_kernel, monitor
+from nbhw.ui.tree import close_tree
+from nbhw.ui.worker import Worker
 
 TABS = ("Devices", "Memory", "Attention", "Load")
 MEMORY_WIDTH = 780
@@ -29,8 +38,6 @@ _workers: list[Worker] = []  # the one worker while a panel is open
 
 def shared_worker() -> Worker:
     """The worker every open panel uses, started on first use."""
-    from nbhw.ui.worker import Worker
-
     with _lock:
         if not _workers:
             _workers.append(Worker())
@@ -56,12 +63,6 @@ def close_all() -> None:
     for panel in open_panels():
         panel.close()
     _stop_worker_if_unused()
-
-
-def _in_kernel() -> bool:
-    from nbhw.ui.memory import in_kernel
-
-    return in_kernel()
 
 
 class Panel:
@@ -106,8 +107,6 @@ class Panel:
             raise
 
     def _discard(self) -> None:
-        from nbhw.ui.tree import close_tree
-
         for view in (self.devices, self.attention, self.load):
             if view is not None:
                 view.close()
@@ -116,13 +115,6 @@ class Panel:
         _stop_worker_if_unused()
 
     def _make(self, worker: Worker) -> None:
-        import ipywidgets as w
-
-        from nbhw.core.plan.load_form import cached_models
-        from nbhw.ui.attention import AttentionView
-        from nbhw.ui.devices import DevicesView
-        from nbhw.ui.load import LoadView
-
         models = list(dict.fromkeys([self.form.model, *cached_models()]))
         self.devices = DevicesView(worker)
         self._memory_box = w.VBox([w.HTML(MEMORY_WAITING)])
@@ -146,8 +138,6 @@ class Panel:
             self._start_memory()
 
     def _start_memory(self) -> None:
-        from nbhw.ui.memory import LOCK, MemoryView, monitor
-
         with LOCK:
             if self.memory is not None or self.closed:
                 return
@@ -156,15 +146,11 @@ class Panel:
                 # Narrower than %hw memory's graph: it sits inside the tab's padding.
                 self.memory = MemoryView(mon.sampler, mon.log, width=MEMORY_WIDTH)
             except UserError as exc:
-                import ipywidgets as w
-
                 self._show_in_memory_tab(w.HTML(f"<span class='nbhw-bad'>✗ {exc}</span>"))
                 return
             self._show_in_memory_tab(self.memory.box)
 
     def _show_in_memory_tab(self, widget: Any) -> None:
-        from nbhw.ui.tree import close_tree
-
         old, self._memory_box.children = self._memory_box.children, [widget]
         close_tree(*old)
 
@@ -181,8 +167,6 @@ class Panel:
         for view in (self.devices, self.attention, self.load):
             if view is not None:
                 view.close()
-        from nbhw.ui.tree import close_tree
-
         close_tree(self._memory_box, self._tabs)
         _stop_worker_if_unused()
 
@@ -190,9 +174,6 @@ class Panel:
 
     def text(self) -> str:
         """The panel in a terminal: the devices view and the load plan (the graph and tables need Jupyter)."""
-        from nbhw.core.hardware.detect import detect
-        from nbhw.core.plan import load_form
-
         parts = [detect().text().rstrip(), ""]
         form = self.form
         if form.dtype is None:  # as in Jupyter: the advised dtype
@@ -211,7 +192,7 @@ class Panel:
         return self.text()
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        if not _in_kernel():
+        if not in_kernel():
             return {"text/plain": self.text()}
         bundle: dict[str, Any] = dict(self.widget._repr_mimebundle_() or {})
         bundle["text/plain"] = f"nbhw panel: {', '.join(TABS)} (needs a Jupyter front end with widgets)"
@@ -224,37 +205,30 @@ class Panel:
 def panel(
     model: str | Path | None = None,
     *,
-    device_map: Any = "auto",
-    dtype: Any = None,
-    attn_implementation: str | None = None,
-    use_kernels: bool = False,
-    quantization: str | None = None,
-    max_memory: Any = None,
     offline: bool = False,
     tab: str = "Devices",
     interval: float = 0.5,
     window: float = 600.0,
+    **arguments: Any,
 ) -> Panel:
     """The full panel: Devices · Memory · Attention · Load (``%hw``; ``%hw load MODEL ...`` opens it on Load).
 
-    The Load tab starts from these arguments, the same as :func:`nbhw.plan` takes (``dtype=None``: the advised
+    The Load tab starts from ``arguments``, the same as :func:`nbhw.plan` takes (``dtype`` not given: the advised
     dtype; ``model=None``: the most recently used model in the local HF cache, else nbhw's tiny local model). Its
     controls offer what this machine can use, and every change re-plans in the background: code, dry-run problems,
     estimate and placement. "Insert cell below" puts the code in a new cell directly below the panel's cell
     (JupyterLab 4 and Notebook 7); "Copy" puts it on the clipboard; the code box stays selectable. Mistakes in an
     entry show as a message in the panel. ``interval`` and ``window`` set the memory graph (``%hw memory``).
     """
-    from nbhw.core.plan import load_form
-
+    unknown = [name for name in arguments if name not in CONTROLS]
+    if unknown:
+        raise one_of("argument", unknown[0], list(CONTROLS))
     name = str(model) if model is not None else load_form.default_model()
-    form = Form(
-        model=name,
-        device_map=device_map_word(device_map),
-        dtype=None if dtype is None else str(dtype).removeprefix("torch."),
-        attn_implementation=attn_implementation,
-        use_kernels=bool(use_kernels),
-        quantization=quantization,
-        max_memory=memory_pairs(max_memory),
-        offline=offline,
-    )
+    form = Form(name, offline=offline, **form_words(arguments))
     return Panel(form, tab=tab, interval=interval, window=window)
+
+
+panel.__signature__ = signature(  # type: ignore[attr-defined]
+    panel, [replace(a, default=None) if a.name == "dtype" else a for a in CONTROLS.values()],
+    keep=("model", "offline", "tab", "interval", "window"),
+)  # fmt: skip

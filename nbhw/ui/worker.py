@@ -25,6 +25,11 @@ DEBOUNCE = 0.15
 THREAD_NAME = "nbhw-panel"
 
 
+def unexpected(exc: Exception) -> str:
+    """The message for a bug: shown in the tab rather than leaving it waiting."""
+    return f"nbhw failed here ({type(exc).__name__}: {exc}); please report it with %hw report"
+
+
 @dataclass
 class Job:
     """One submitted piece of work: compute off the lock, apply under it if still the newest of its kind."""

@@ -10,9 +10,10 @@ and nothing would be downloaded), it builds the model on the meta device with th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nbhw.core.advice import precision
+from nbhw.core.advice.arguments import ADVICE_ARGUMENTS, AdviceArgs
 from nbhw.core.advice.attention_rules import (
     FLASH_KEY,
     AttentionRow,
@@ -26,16 +27,12 @@ from nbhw.core.advice.attention_rules import (
 )
 from nbhw.core.advice.precision import DtypeAdvice
 from nbhw.core.advice.status import Status
-from nbhw.core.dtypes import check_dtype
-from nbhw.core.errors import UserError
+from nbhw.core.argument import checked, signature
 from nbhw.core.hardware.data import to_plain
+from nbhw.core.hardware.detect import detect
 from nbhw.core.hf import kernel_tables, meta_build
 from nbhw.core.hf.kernel_tables import KernelEntry
-from nbhw.core.render import STYLE, Shown, esc, html_table, text_table
-
-if TYPE_CHECKING:
-    pass
-
+from nbhw.core.render import STYLE, Shown, esc, html_table, py_str, text_table
 
 # ---------------------------------------------------------------- the advice
 
@@ -139,16 +136,6 @@ def keys_and_kinds(env: Env, kernel: str | None) -> list[tuple[str, str]]:
     return rows
 
 
-def parse_kernel(kernel: str | None) -> str | None:
-    """A user's Hub kernel id, checked with transformers' own pattern."""
-    if kernel is None:
-        return None
-    value = kernel.strip()
-    if not meta_build.is_hub_kernel(value):
-        raise UserError(f"--kernel {kernel!r} is not a Hub kernel id; valid: ORG/REPO, ORG/REPO@REV, ORG/REPO[:FUNC]")
-    return value
-
-
 def _default(env: Env) -> DefaultAttention:
     built = build_for(None, env)
     m = env.model
@@ -191,8 +178,6 @@ def _kernels_advice(env: Env, example_model: str) -> KernelsAdvice:
 def _kernel_example(
     device_key: str, keys: list[str], layers: list[KernelEntry], model_layers: list[str], model: str
 ) -> str:
-    from nbhw.core.plan.codegen import py_str
-
     name = py_str(model)  # a folder may hold quotes or backslashes: the example stays valid Python
     if device_key not in keys:
         return (
@@ -238,14 +223,7 @@ def _silent(env: Env, adv_default: DefaultAttention) -> list[str]:
     ]
 
 
-def advise(
-    model: str | None = None,
-    *,
-    device: str | None = None,
-    dtype: str | None = None,
-    kernel: str | None = None,
-    offline: bool = False,
-) -> AttentionAdvice:
+def advise(model: str | None = None, *, offline: bool = False, **arguments: Any) -> AttentionAdvice:
     """Which attn_implementation, Hub kernels and dtype will work for ``model`` on ``device``.
 
     ``%hw attention [MODEL] [--device DEV] [--dtype DTYPE] [--kernel ORG/REPO[:FUNC]] [--offline]`` in a notebook,
@@ -256,12 +234,10 @@ def advise(
     """
     import transformers
 
-    from nbhw.core.hardware.detect import detect
-
+    asked: AdviceArgs = checked(AdviceArgs, arguments)
+    wanted, user_kernel = asked.dtype, asked.kernel
     hw = detect()
-    target = parse_device(device, hw)
-    wanted = None if dtype is None else check_dtype(dtype)
-    user_kernel = parse_kernel(kernel)
+    target = parse_device(asked.device, hw)
     facts = model_facts(model, offline)
     advice = precision.advise(target.device, target.device_type, target.info, target.count)
     chosen = _resolve_dtype(wanted, advice, facts)
@@ -300,6 +276,9 @@ def advise(
         silent=_silent(env, default),
         transformers=str(transformers.__version__),
     )
+
+
+advise.__signature__ = signature(advise, ADVICE_ARGUMENTS, keep=("model", "offline"))  # type: ignore[attr-defined]
 
 
 def _resolve_dtype(wanted: str | None, advice: DtypeAdvice, facts: ModelFacts) -> str:

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nbhw.core.advice.status import Status
 from nbhw.core.errors import UserError
+from nbhw.core.hardware import backends
 from nbhw.core.hardware.data import DeviceInfo
+from nbhw.core.hardware.detect import Hardware
 from nbhw.core.hf import kernel_tables, meta_build, model_config, tiny_model
-
-if TYPE_CHECKING:
-    from nbhw.core.hardware.detect import Hardware
 
 NO_SUPPORT = "this model class does not support it"
 GENERATIONS = {8: "Ampere", 9: "Hopper", 10: "Blackwell"}
@@ -60,8 +59,6 @@ class Target:
 
 def device_types() -> list[str]:
     """The device strings nbhw accepts: every backend's device, and 'rocm' for an AMD GPU (whose device is cuda)."""
-    from nbhw.core.hardware import backends
-
     found = []
     for b in backends.registry():
         if b.device not in found:

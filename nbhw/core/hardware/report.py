@@ -19,7 +19,7 @@ from typing import Any
 from nbhw._version import __version__
 from nbhw.core.hardware import probes
 from nbhw.core.hardware.detect import Hardware, detect
-from nbhw.core.render import Shown, size, text_table
+from nbhw.core.render import Shown, esc, size, text_table
 
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
@@ -187,8 +187,6 @@ class Report(Shown):
 
     def html(self) -> str:
         """The report as HTML: the text in a <pre>, ready to copy."""
-        from nbhw.core.render import esc
-
         return f'<div class="nbhw nbhw-report"><pre>{esc(self.text())}</pre></div>'
 
 

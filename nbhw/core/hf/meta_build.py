@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import importlib.util
+import logging
 import threading
 import warnings
 from collections.abc import Iterator
@@ -104,13 +105,13 @@ def needs_download(attn_implementation: str | None) -> bool:
     return False
 
 
-# hub_offline() and quiet() save and restore process-wide settings: two threads interleaving them (the panel's
+# forced_offline() and quiet() save and restore process-wide settings: two threads interleaving them (the panel's
 # worker and a cell) could leave the Hub offline or warnings off for good, so they take turns.
 _settings_lock = threading.RLock()
 
 
 @contextlib.contextmanager
-def hub_offline() -> Iterator[None]:
+def forced_offline() -> Iterator[None]:
     """Make huggingface_hub refuse the network for the duration (the second guard against downloads)."""
     from huggingface_hub import constants
 
@@ -125,12 +126,18 @@ def hub_offline() -> Iterator[None]:
 
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
-    """Silence transformers' logging, warnings and progress bars; problems come back as values."""
-    from transformers.utils import logging as hf_logging
+    """Silence transformers' and accelerate's logging, warnings and progress bars; problems come back as values.
 
+    A hypothetical GPU is not a warning worth printing while planning, and a log line from the panel's worker would
+    land in whichever cell runs.
+    """
+    from transformers.utils import logging as hf_logging  # transformers: only once something is planned
+
+    accelerate = logging.getLogger("accelerate")
     with _settings_lock:
-        level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+        level, bars, acc_level = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled(), accelerate.level
         hf_logging.set_verbosity_error()
+        accelerate.setLevel(logging.ERROR)
         # In a kernel a progress bar is a set of widgets nobody closes, shown in whichever cell runs.
         hf_logging.disable_progress_bar()
         try:
@@ -139,6 +146,7 @@ def quiet() -> Iterator[None]:
                 yield
         finally:
             hf_logging.set_verbosity(level)
+            accelerate.setLevel(acc_level)
             if bars:
                 hf_logging.enable_progress_bar()
 
@@ -181,7 +189,7 @@ def build(
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
     try:
-        with quiet(), hub_offline(), torch.device("meta"):
+        with quiet(), forced_offline(), torch.device("meta"):
             model = auto.from_config(copy.deepcopy(config), **kwargs)
     except Exception as exc:
         return MetaBuild(None, " ".join(str(exc).split()), type(exc).__name__)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from nbhw.core.errors import UserError
+from nbhw.core.hf.meta_build import quiet
 
 LOCAL = "local folder"
 CACHE = "HF cache"
@@ -33,7 +34,7 @@ class ModelConfig:
         return self.config is not None
 
 
-def hub_offline() -> bool:
+def offline_by_environment() -> bool:
     """Whether huggingface_hub is in offline mode (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE)."""
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         if os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}:
@@ -77,8 +78,6 @@ def kind(model: str) -> str:
 def _from_pretrained(where: str, **kwargs: Any) -> Any:
     from transformers import AutoConfig
 
-    from nbhw.core.hf.meta_build import quiet
-
     # Quiet: transformers logs about odd configs (an unknown rope type) from whichever thread reads them, the
     # panel's worker included; what matters comes back as the problem or the dry run.
     with quiet():
@@ -110,7 +109,7 @@ def load(model: str, *, offline: bool = False) -> ModelConfig:
             return ModelConfig(model, _from_pretrained(model, local_files_only=True), CACHE)
         except Exception as exc:
             return ModelConfig(model, None, None, _explain(exc))
-    if offline or hub_offline():
+    if offline or offline_by_environment():
         return ModelConfig(model, None, None, f"config not available offline: {model} is not in the local HF cache")
     return _from_hub(model)
 

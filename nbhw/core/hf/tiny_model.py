@@ -12,6 +12,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from nbhw.core.hf.meta_build import quiet
+
 NAME = "nbhw-tiny-qwen3"
 _lock = threading.Lock()
 
@@ -94,8 +96,6 @@ def build(path: Path) -> Path:
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tok, unk_token="<unk>", eos_token="<|endoftext|>", pad_token="<|endoftext|>"
     )
-    from nbhw.core.hf.meta_build import quiet
-
     config = tiny_config(len(tokenizer), tokenizer.convert_tokens_to_ids("<|endoftext|>"))
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(config)

@@ -1,82 +1,71 @@
 """Memory over time: sources for every usable device and the host, one sampler thread, per-cell attribution.
 
-The families below, re-exported here as one face for users and tests; nbhw's own modules import the one they need.
+The modules below hold the pieces; this package gives them one face for users and tests (``memory.Sampler``),
+imported on first use, so that ``%load_ext nbhw`` and the per-cell hooks stay free of numpy and the sampler until
+``%hw memory`` or ``nbhw.monitor()`` asks for them. nbhw's own modules import the module they need.
 """
 
 from __future__ import annotations
 
-from nbhw.core.memory.cell_records import CellLog, CellMemory, CellRecord, first_line
-from nbhw.core.memory.process import cell_finished, cell_started, cells, existing, sampler
-from nbhw.core.memory.ring import Ring, Samples
-from nbhw.core.memory.sampling import (
-    MAX_INTERVAL,
-    MAX_SLOTS,
-    MIN_INTERVAL,
-    THREAD_NAME,
-    Sampler,
-    Subscriber,
-    schedule,
-    stop_all,
-    validate,
-)
-from nbhw.core.memory.sources import (
-    KINDS,
-    LABELS,
-    Counters,
-    HostSource,
-    MachineSource,
-    NvmlSource,
-    Sample,
-    Source,
-    TorchSource,
-    Trace,
-    discover_sources,
-    machine_sources,
-    take_sample,
-    torch_counters,
-)
-from nbhw.core.memory.summary import CELL_HEADERS, FIGURE_HEADERS, cell_rows, figures, gib, status, text
+import importlib
+from typing import Any
 
-__all__ = [
-    "CELL_HEADERS",
-    "FIGURE_HEADERS",
-    "KINDS",
-    "LABELS",
-    "MAX_INTERVAL",
-    "MAX_SLOTS",
-    "MIN_INTERVAL",
-    "THREAD_NAME",
-    "CellLog",
-    "CellMemory",
-    "CellRecord",
-    "Counters",
-    "HostSource",
-    "MachineSource",
-    "NvmlSource",
-    "Ring",
-    "Sample",
-    "Sampler",
-    "Samples",
-    "Source",
-    "Subscriber",
-    "TorchSource",
-    "Trace",
-    "cell_finished",
-    "cell_rows",
-    "cell_started",
-    "cells",
-    "discover_sources",
-    "existing",
-    "figures",
-    "first_line",
-    "gib",
-    "machine_sources",
-    "sampler",
-    "schedule",
-    "status",
-    "stop_all",
-    "take_sample",
-    "text",
-    "torch_counters",
-    "validate",
-]
+# Public name -> the module of this package that defines it.
+_WHERE = {
+    "CELL_HEADERS": "summary",
+    "CellLog": "cell_records",
+    "CellMemory": "cell_records",
+    "CellRecord": "cell_records",
+    "Counters": "sources",
+    "FIGURE_HEADERS": "summary",
+    "HostSource": "sources",
+    "KINDS": "sources",
+    "LABELS": "sources",
+    "MAX_INTERVAL": "sampling",
+    "MAX_SLOTS": "sampling",
+    "MIN_INTERVAL": "sampling",
+    "MachineSource": "sources",
+    "NvmlSource": "sources",
+    "Ring": "ring",
+    "Sample": "sources",
+    "Sampler": "sampling",
+    "Samples": "ring",
+    "Source": "sources",
+    "Subscriber": "sampling",
+    "THREAD_NAME": "sampling",
+    "TorchSource": "sources",
+    "Trace": "sources",
+    "cell_finished": "process",
+    "cell_rows": "summary",
+    "cell_started": "process",
+    "cells": "process",
+    "discover_sources": "sources",
+    "existing": "process",
+    "figures": "summary",
+    "first_line": "cell_records",
+    "gib": "summary",
+    "machine_sources": "sources",
+    "sampler": "process",
+    "schedule": "sampling",
+    "status": "summary",
+    "stop_all": "sampling",
+    "take_sample": "sources",
+    "text": "summary",
+    "torch_counters": "sources",
+    "validate": "sampling",
+}
+
+__all__ = list(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{where}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

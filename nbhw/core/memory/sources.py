@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from nbhw.core.hardware import nvml
+from nbhw.core.hardware import backends, nvml
 
 KINDS = ("allocated", "reserved", "used", "rss", "available", "capacity")
 LABELS = {
@@ -215,8 +215,6 @@ class NvmlSource(Source):
 
 
 def _device_sources(torch: ModuleType) -> list[Source]:
-    from nbhw.core.hardware import backends
-
     found: list[Source] = []
     for row in backends.probe_all():
         if not row.usable or row.key == "cpu":

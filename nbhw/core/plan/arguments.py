@@ -14,39 +14,19 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from nbhw.core.argument import argument, arguments, checked
+from nbhw.core.dtypes import check_dtype
 from nbhw.core.errors import UserError, one_of
+from nbhw.core.hf.meta_build import is_hub_kernel, quiet
+from nbhw.core.render import py_literal
 
 # --quantize word -> the BitsAndBytesConfig flag it sets.
 QUANTIZATION = {"4bit": "load_in_4bit", "8bit": "load_in_8bit"}
 DISK = "disk"
+NO_DEVICE_MAP = "none"  # the word for device_map=None
 
 DeviceMap = str | int | dict[str, int | str] | None
 MemoryKey = int | str
-
-
-@dataclass(frozen=True)
-class LoadArgs:
-    """What the user asked ``from_pretrained`` to do, normalised (sizes kept as written for the code)."""
-
-    device_map: DeviceMap = "auto"
-    dtype: str = "auto"
-    attn_implementation: str | None = None
-    use_kernels: bool = False
-    quantization: str | None = None
-    max_memory: dict[MemoryKey, int | str] | None = None
-
-    @property
-    def max_memory_bytes(self) -> dict[MemoryKey, int] | None:
-        """``max_memory`` with every size in bytes, as accelerate converts it."""
-        if self.max_memory is None:
-            return None
-        return {k: size_bytes(v) for k, v in self.max_memory.items()}
-
-
-def _hf_quiet() -> Any:
-    from nbhw.core.hf.meta_build import quiet
-
-    return quiet()
 
 
 # ---------------------------------------------------------------- device_map
@@ -145,7 +125,7 @@ def check_device_map(value: Any) -> DeviceMap:
 def device_map_from_text(text: str) -> DeviceMap:
     """``--device-map`` words: a strategy, a device, an int, a dict literal like {"": "cpu"}, or none."""
     text = text.strip()
-    if text.lower() == "none":
+    if text.lower() == NO_DEVICE_MAP:
         return None
     if re.fullmatch(r"-?\d+", text):
         return check_device_map(int(text))
@@ -159,42 +139,6 @@ def device_map_from_text(text: str) -> DeviceMap:
     return check_device_map(text)
 
 
-# ---------------------------------------------------------------- dtype
-
-
-@lru_cache(maxsize=1)
-def dtype_names() -> tuple[str, ...]:
-    """Every floating-point dtype name torch has (aliases like 'half' included), read from torch."""
-    import torch
-
-    return tuple(
-        sorted(
-            n
-            for n in dir(torch)
-            if isinstance(getattr(torch, n, None), torch.dtype) and getattr(torch, n).is_floating_point
-        )
-    )
-
-
-def check_dtype(value: Any) -> str:
-    """'auto' or the canonical name of a floating-point torch dtype ('half' -> 'float16')."""
-    import torch
-
-    if value is None or value == "auto":
-        return "auto"
-    if isinstance(value, torch.dtype):
-        found: Any = value
-    elif isinstance(value, str) and value.removeprefix("torch.") in dtype_names():
-        found = getattr(torch, value.removeprefix("torch."))
-    else:
-        common = ["auto", "float32", "float16", "bfloat16"]
-        rest = [n for n in dtype_names() if n not in common]
-        raise one_of("dtype", value, [*common, *rest])
-    if not found.is_floating_point:
-        raise UserError(f"dtype {value!r} is not a floating-point dtype; valid: auto, float32, float16, bfloat16")
-    return str(found).removeprefix("torch.")
-
-
 # ---------------------------------------------------------------- attention, quantization
 
 
@@ -203,8 +147,6 @@ def check_attn(value: Any) -> str | None:
     if value is None:
         return None
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    from nbhw.core.hf.meta_build import is_hub_kernel
 
     keys = ["eager", *sorted(set(ALL_ATTENTION_FUNCTIONS.valid_keys()) - {"eager"})]
     if isinstance(value, str) and (value.removeprefix("paged|") in keys or is_hub_kernel(value)):
@@ -297,22 +239,69 @@ def _split_item(item: Any) -> tuple[str, str]:
     return key.strip(), size.strip()
 
 
-def load_args(
-    *,
-    device_map: Any = "auto",
-    dtype: Any = "auto",
-    attn_implementation: Any = None,
-    use_kernels: Any = False,
-    quantization: Any = None,
-    max_memory: Any = None,
-) -> LoadArgs:
+# ---------------------------------------------------------------- the declaration
+
+
+def device_map_word(value: DeviceMap) -> str:
+    """The word for a device_map value (None -> "none", a dict as a literal), as --device-map takes it."""
+    if value is None:
+        return NO_DEVICE_MAP
+    if isinstance(value, str):
+        return value
+    return py_literal(value)
+
+
+def memory_words(value: dict[MemoryKey, int | str] | None) -> tuple[str, ...]:
+    """max_memory as DEV=SIZE words, as --max-memory takes them."""
+    return tuple(f"{k}={v}" for k, v in (value or {}).items())
+
+
+@dataclass(frozen=True)
+class PlanArgs:
+    """What the user asked ``from_pretrained`` to do, normalised (sizes kept as written for the code).
+
+    Each field declares one argument (:func:`nbhw.core.argument.argument`): every surface reads it from here.
+    """
+
+    dtype: str = argument(
+        default="auto", metavar="DTYPE", check=check_dtype, control="dropdown", emits="dtype",
+        help="float32, float16, bfloat16 or auto (the checkpoint's own); torch's aliases like half work too",
+    )  # fmt: skip
+    device_map: DeviceMap = argument(
+        default="auto", metavar="MAP", parse=device_map_from_text, check=check_device_map, word=device_map_word,
+        control="dropdown", emits="device_map",
+        help='auto (default), balanced, balanced_low_0, sequential, a device (cpu, cuda:0), an int, {"": "cpu"}, none',
+    )  # fmt: skip
+    max_memory: dict[MemoryKey, int | str] | None = argument(
+        kind="words", metavar="DEV=SIZE", check=check_max_memory, word=memory_words, control="sizes",
+        emits="max_memory", help="per-device memory budget, e.g. 0=70GiB cpu=200GiB",
+    )  # fmt: skip
+    attn_implementation: str | None = argument(
+        metavar="IMPL", aliases=("--attn",), check=check_attn, control="dropdown", emits="attn_implementation",
+        help="attn_implementation, e.g. sdpa, eager, flash_attention_2, or a Hub kernel org/repo",
+    )  # fmt: skip
+    use_kernels: bool = argument(
+        default=False, kind="switch", aliases=("--kernels",), check=bool, control="checkbox", emits="use_kernels",
+        help="use_kernels=True: swap supported layers for Hub kernels",
+    )  # fmt: skip
+    quantization: str | None = argument(
+        aliases=("--quantize",), choices=tuple(QUANTIZATION), check=check_quantization, control="dropdown",
+        emits="quantization_config", help="quantize the weights on load: bitsandbytes 4bit or 8bit",
+    )  # fmt: skip
+
+    @property
+    def max_memory_bytes(self) -> dict[MemoryKey, int] | None:
+        """``max_memory`` with every size in bytes, as accelerate converts it."""
+        if self.max_memory is None:
+            return None
+        return {k: size_bytes(v) for k, v in self.max_memory.items()}
+
+
+PLAN_ARGUMENTS = arguments(PlanArgs)
+
+
+def plan_args(**values: Any) -> PlanArgs:
     """Check every argument; the first mistake raises a one-line UserError naming the valid values."""
-    with _hf_quiet():
-        return LoadArgs(
-            device_map=check_device_map(device_map),
-            dtype=check_dtype(dtype),
-            attn_implementation=check_attn(attn_implementation),
-            use_kernels=bool(use_kernels),
-            quantization=check_quantization(quantization),
-            max_memory=check_max_memory(max_memory),
-        )
+    with quiet():
+        found: PlanArgs = checked(PlanArgs, values)
+        return found

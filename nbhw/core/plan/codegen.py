@@ -8,10 +8,12 @@ are written; :func:`call_arguments` says why each other one was left out.
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nbhw.core.plan.arguments import QUANTIZATION, LoadArgs
+from nbhw.core.plan.arguments import PLAN_ARGUMENTS, QUANTIZATION, PlanArgs
+from nbhw.core.render import py_literal, py_str
 
 WIDTH = 88  # black's line length: what most notebook code is formatted to
 GENERATE = {"AutoModelForCausalLM", "AutoModelForSeq2SeqLM"}
@@ -21,25 +23,6 @@ PREPROCESSOR = {
     "AutoModelForSpeechSeq2Seq": "AutoProcessor",
     "AutoModelForCTC": "AutoProcessor",
 }
-
-
-def py_str(text: str) -> str:
-    """A string literal for ``text``, double-quoted like black writes it when that needs no extra escapes."""
-    literal = repr(text)
-    if literal.startswith("'") and '"' not in text:
-        literal = '"' + literal[1:-1].replace("\\'", "'") + '"'
-    return literal
-
-
-def py_literal(value: Any) -> str:
-    """Source for an int, a string, or a dict of those."""
-    if isinstance(value, bool | int):
-        return repr(value)
-    if isinstance(value, str):
-        return py_str(value)
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{py_literal(k)}: {py_literal(v)}" for k, v in value.items()) + "}"
-    raise TypeError(f"no literal for {type(value).__name__}")
 
 
 @dataclass
@@ -55,26 +38,68 @@ def _device_map_is(device_map: Any, device: str) -> bool:
     return device_map in (device, {"": device})
 
 
-def call_arguments(args: LoadArgs, *, config_dtype: str | None, default_device: str) -> Arguments:
-    """The from_pretrained keywords that differ from transformers' own defaults for this model."""
-    out = Arguments()
-    if args.dtype != "auto" and args.dtype == config_dtype:
+@dataclass(frozen=True)
+class Context:
+    """What the emitters need besides the arguments: the config's dtype and where from_pretrained loads by default."""
+
+    config_dtype: str | None
+    default_device: str
+
+
+def _dtype(args: PlanArgs, ctx: Context, out: Arguments) -> None:
+    if args.dtype != "auto" and args.dtype == ctx.config_dtype:
         out.omitted.append(f'dtype={args.dtype} is the config\'s own dtype, which the default dtype="auto" picks')
     elif args.dtype != "auto":
         out.kwargs.append(("dtype", f"torch.{args.dtype}"))
         out.needs_torch = True
-    if args.device_map is not None and args.quantization is None and _device_map_is(args.device_map, default_device):
-        out.omitted.append(f"device_map={args.device_map!r}: from_pretrained loads on {default_device} without one")
+
+
+def _device_map(args: PlanArgs, ctx: Context, out: Arguments) -> None:
+    on_default = _device_map_is(args.device_map, ctx.default_device)
+    if args.device_map is not None and args.quantization is None and on_default:
+        out.omitted.append(f"device_map={args.device_map!r}: from_pretrained loads on {ctx.default_device} without one")
     elif args.device_map is not None:
         out.kwargs.append(("device_map", py_literal(args.device_map)))
+
+
+def _max_memory(args: PlanArgs, ctx: Context, out: Arguments) -> None:
     if args.max_memory is not None:
         out.kwargs.append(("max_memory", py_literal(args.max_memory)))
+
+
+def _attn_implementation(args: PlanArgs, ctx: Context, out: Arguments) -> None:
     if args.attn_implementation is not None:
         out.kwargs.append(("attn_implementation", py_str(args.attn_implementation)))
+
+
+def _use_kernels(args: PlanArgs, ctx: Context, out: Arguments) -> None:
     if args.use_kernels:
         out.kwargs.append(("use_kernels", "True"))
+
+
+def _quantization(args: PlanArgs, ctx: Context, out: Arguments) -> None:
     if args.quantization is not None:
         out.kwargs.append(("quantization_config", f"BitsAndBytesConfig({QUANTIZATION[args.quantization]}=True)"))
+
+
+# The from_pretrained keyword of each argument that declares one (`emits`), written in declaration order.
+EMITTERS: dict[str, Callable[[PlanArgs, Context, Arguments], None]] = {
+    "dtype": _dtype,
+    "device_map": _device_map,
+    "max_memory": _max_memory,
+    "attn_implementation": _attn_implementation,
+    "use_kernels": _use_kernels,
+    "quantization": _quantization,
+}
+
+
+def call_arguments(args: PlanArgs, *, config_dtype: str | None, default_device: str) -> Arguments:
+    """The from_pretrained keywords that differ from transformers' own defaults for this model."""
+    out = Arguments()
+    ctx = Context(config_dtype, default_device)
+    for declared in PLAN_ARGUMENTS:
+        if declared.emits is not None:
+            EMITTERS[declared.name](args, ctx, out)
     return out
 
 

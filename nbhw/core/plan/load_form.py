@@ -1,26 +1,37 @@
 """The Load tab without widgets: what its controls offer on this machine, and what a filled-in form previews.
 
-:func:`choices` reads the options from what nbhw detects here (usable devices, free memory, bitsandbytes) and from
-the attention advisor (which ``attn_implementation`` works, the advised dtype); :func:`preview` turns a
-:class:`Form` into the plan's code, dry-run problems, estimate and placement, or into a one-line message when an
-entry is a mistake. Nothing here raises for a user's entry and nothing imports a UI library.
+The controls are the declared arguments of a plan (:data:`nbhw.core.plan.arguments.PLAN_ARGUMENTS`) that name a
+``control``. :func:`choices` reads what each dropdown offers from what nbhw detects here (usable devices, free
+memory, bitsandbytes) and from the attention advisor (which ``attn_implementation`` works, the advised dtype);
+:func:`preview` turns a :class:`Form` into the plan's code, dry-run problems, estimate and placement, or into a
+one-line message when an entry is a mistake. Nothing here raises for a user's entry and nothing imports a UI library.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
+from huggingface_hub import constants, scan_cache_dir
+
+from nbhw.core.advice.attention import AttentionAdvice, advise
+from nbhw.core.advice.attention_rules import device_types
+from nbhw.core.argument import Argument
+from nbhw.core.dtypes import OFFERED
 from nbhw.core.errors import UserError
+from nbhw.core.hardware.detect import Hardware, detect
+from nbhw.core.hardware.who_picks import from_pretrained_default
+from nbhw.core.hf import meta_build
+from nbhw.core.hf.tiny_model import tiny_model_path
+from nbhw.core.plan.arguments import NO_DEVICE_MAP, PLAN_ARGUMENTS, QUANTIZATION, strategy_names
+from nbhw.core.plan.load_plan import LoadPlan, plan
+from nbhw.core.plan.placement import device_name, layer_names, live_memory
 
-if TYPE_CHECKING:
-    from nbhw.core.advice.attention import AttentionAdvice
-    from nbhw.core.hardware.detect import Hardware
-    from nbhw.core.plan.load_plan import LoadPlan
-
-NO_DEVICE_MAP = "none"
-DTYPES = ("auto", "float32", "float16", "bfloat16")
+# The declared arguments the Load tab shows a control for, by name.
+CONTROLS: dict[str, Argument] = {a.name: a for a in PLAN_ARGUMENTS if a.control is not None}
+UNSET_DTYPE = None  # a form without a dtype means "the advised dtype"
 
 
 @dataclass(frozen=True)
@@ -44,51 +55,102 @@ class MemoryField:
 
 @dataclass(frozen=True)
 class Choices:
-    """What the controls offer for one model on this machine, and the advice behind the defaults."""
+    """What the controls offer for one model on this machine, and the advice behind the defaults.
 
-    model: str
-    target: str
-    device_maps: tuple[Option, ...]
-    dtypes: tuple[Option, ...]
-    advised_dtype: str
-    dtype_reason: str
-    attention: tuple[Option, ...]
-    quantizations: tuple[Option, ...]
-    quantization_note: str
-    memory: tuple[MemoryField, ...]
-    problem: str | None = None
-
-    def attention_option(self, value: str | None) -> Option | None:
-        """The attention entry for a value, if the advisor has a row for it."""
-        return next((o for o in self.attention if o.value == value), None)
-
-
-@dataclass(frozen=True)
-class Form:
-    """What the Load tab's controls hold, in the words of ``%hw load``.
-
-    ``device_map`` is a word (a strategy, a device, an int, a dict literal, or "none"); ``dtype`` None means the
-    advised dtype; ``max_memory`` pairs a max_memory key ("0", "cpu") with a size as typed ("" = not set).
+    ``options`` holds the entries of each dropdown and ``notes`` the line beside each control, by argument name.
     """
 
     model: str
-    device_map: str = "auto"
-    dtype: str | None = None
-    attn_implementation: str | None = None
-    use_kernels: bool = False
-    quantization: str | None = None
-    max_memory: tuple[tuple[str, str], ...] = ()
-    offline: bool = False
+    target: str
+    advised_dtype: str
+    options: Mapping[str, tuple[Option, ...]]
+    notes: Mapping[str, str]
+    memory: tuple[MemoryField, ...]
+    problem: str | None = None
+
+    def option(self, name: str, value: str | None) -> Option | None:
+        """The entry of one dropdown for a value, if the dropdown offers it."""
+        return next((o for o in self.options.get(name, ()) if o.value == value), None)
+
+
+class Form:
+    """What the Load tab's controls hold, in the words of ``%hw load``: a word per declared argument that is set.
+
+    ``Form(model, dtype="float16", device_map="sequential")``; an argument not given holds its declared default
+    (``dtype``: the advised dtype). ``device_map`` is a word (a strategy, a device, an int, a dict literal, or
+    "none"); ``max_memory`` pairs a max_memory key ("0", "cpu") with a size as typed ("" = not set).
+    """
+
+    __slots__ = ("_words", "model", "offline")
+
+    def __init__(self, model: str, *, offline: bool = False, **words: Any) -> None:
+        unknown = [name for name in words if name not in CONTROLS]
+        if unknown:
+            raise TypeError(f"the Load tab has no control {unknown[0]!r}; it has {', '.join(CONTROLS)}")
+        self.model = model
+        self.offline = offline
+        self._words = tuple((n, v) for n, v in words.items() if v is not None and v != self.default(n))
+
+    @staticmethod
+    def default(name: str) -> Any:
+        """What a control holds when nothing was chosen: the declared default as a word (dtype: advised)."""
+        declared = CONTROLS[name]
+        if name == "dtype":
+            return UNSET_DTYPE
+        if declared.control == "sizes":
+            return ()
+        return declared.word(declared.default)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in CONTROLS:
+            return dict(self._words).get(name, self.default(name))
+        raise AttributeError(name)
+
+    @property
+    def words(self) -> dict[str, Any]:
+        """The controls that hold something other than their default."""
+        return dict(self._words)
+
+    def replace(self, **words: Any) -> Form:
+        """The same form with some controls changed (``dtype=...`` settles an unset dtype on the advised one)."""
+        return Form(self.model, offline=self.offline, **{**self.words, **words})
 
     def with_dtype(self, dtype: str) -> Form:
         """The same form with a dtype (used to settle an unset dtype on the advised one)."""
-        return replace(self, dtype=dtype)
+        return self.replace(dtype=dtype)
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.model, self.offline, self._words)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Form) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        words = "".join(f", {n}={v!r}" for n, v in self._words)
+        return f"Form({self.model!r}{words}, offline={self.offline})"
 
     def memory_budget(self) -> dict[str, int | str] | None:
         """The max_memory the form gives, sizes as typed (digits alone are bytes); None when none is set."""
-        sizes = {key.strip(): size.strip() for key, size in self.max_memory if size.strip()}
+        pairs: tuple[tuple[str, str], ...] = self.max_memory
+        sizes = {key.strip(): size.strip() for key, size in pairs if size.strip()}
         budget: dict[str, int | str] = {k: int(v) if v.isdigit() else v for k, v in sizes.items()}
         return budget or None
+
+    def plan_values(self) -> dict[str, Any]:
+        """The keyword arguments of nbhw.plan() this form gives (words are parsed by their declarations)."""
+        values: dict[str, Any] = {}
+        for name, declared in CONTROLS.items():
+            word = getattr(self, name)
+            if declared.control == "sizes":
+                values[name] = self.memory_budget()
+            elif name == "dtype":
+                values[name] = word or "auto"
+            elif word is not None:
+                values[name] = word
+        return values
 
 
 @dataclass(frozen=True)
@@ -124,7 +186,6 @@ class Preview:
 
 def cached_models() -> list[str]:
     """Hub model ids in the local HF cache with a config.json, most recently used first (nothing is fetched)."""
-    from huggingface_hub import constants, scan_cache_dir
 
     try:
         cache = scan_cache_dir(constants.HF_HUB_CACHE)
@@ -141,25 +202,7 @@ def cached_models() -> list[str]:
 def default_model() -> str:
     """The Load tab's first model: the most recently used cached one, else nbhw's tiny local model (built now)."""
     cached = cached_models()
-    if cached:
-        return cached[0]
-    from nbhw.core.hf.tiny_model import tiny_model_path
-
-    return str(tiny_model_path())
-
-
-# ---------------------------------------------------------------- words <-> values
-
-
-def device_map_word(value: Any) -> str:
-    """The word for a device_map value as from_pretrained takes it (None -> "none", dicts as literals)."""
-    from nbhw.core.plan import codegen
-
-    if value is None:
-        return NO_DEVICE_MAP
-    if isinstance(value, str):
-        return value
-    return codegen.py_literal(value)
+    return cached[0] if cached else str(tiny_model_path())
 
 
 def memory_pairs(value: Any) -> tuple[tuple[str, str], ...]:
@@ -172,48 +215,52 @@ def memory_pairs(value: Any) -> tuple[tuple[str, str], ...]:
     return tuple((item.partition("=")[0].strip(), item.partition("=")[2].strip()) for item in items)
 
 
+def form_words(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Plan keyword values (as nbhw.plan() or nbhw.panel() take them) as the words the controls hold."""
+    words: dict[str, Any] = {}
+    for name, value in values.items():
+        declared = CONTROLS[name]
+        if declared.control == "sizes":
+            words[name] = memory_pairs(value)
+        elif name == "dtype":
+            words[name] = None if value is None else str(value).removeprefix("torch.")
+        else:
+            words[name] = declared.word(value) if not isinstance(value, str) else value
+    return words
+
+
 # ---------------------------------------------------------------- choices
 
 
 def target_device(device_map: str, hardware: Hardware) -> str | None:
     """The device the attention and dtype advice are for: the one device_map names, else the advisor's pick."""
     if device_map == NO_DEVICE_MAP:
-        from nbhw.core.hardware.who_picks import from_pretrained_default
-
         return from_pretrained_default().device
-    from nbhw.core.advice.attention_rules import device_types
-
     m = re.fullmatch(r"([a-z]+)(?::\d+)?", device_map)
     if m is None or m.group(1) not in device_types():
         return None  # a strategy, an index or a dict: the best usable device
     return device_map
 
 
-def _device_options(hardware: Hardware) -> list[Option]:
-    from nbhw.core.plan.arguments import strategy_names
-
+def _device_options(hardware: Hardware, advice: AttentionAdvice) -> tuple[list[Option], str]:
     options = [Option(name, name) for name in strategy_names()]
     for device in hardware.devices:
         if device.device not in [o.value for o in options]:
             name = f" · {device.name}" if device.name and device.device != "cpu" else ""
             options.append(Option(device.device, f"{device.device}{name}"))
-    from nbhw.core.hardware.who_picks import from_pretrained_default
-
     default = from_pretrained_default().device
     options.append(Option(NO_DEVICE_MAP, f"none (from_pretrained loads on {default})"))
-    return options
+    return options, f"the dtype and attention advice below are for {advice.device}"
 
 
 def _memory_fields(hardware: Hardware) -> list[MemoryField]:
-    from nbhw.core.plan.placement import device_name, live_memory
-
     live = live_memory(hardware.backends)
     return [MemoryField(str(key), device_name(key, live.accelerator), free) for key, free in live.max_memory.items()]
 
 
 def bitsandbytes_here() -> tuple[bool, str]:
     """Whether bitsandbytes quantization can run here, by transformers' own checks (no device is touched)."""
-    from transformers.utils import import_utils
+    from transformers.utils import import_utils  # transformers: imported when choices are computed, not with nbhw
 
     if not import_utils.is_bitsandbytes_available():
         return False, (
@@ -231,9 +278,7 @@ def bitsandbytes_here() -> tuple[bool, str]:
     return True, "bitsandbytes can run here"
 
 
-def _quantization_options() -> tuple[list[Option], str]:
-    from nbhw.core.plan.arguments import QUANTIZATION
-
+def _quantization_options(hardware: Hardware, advice: AttentionAdvice) -> tuple[list[Option], str]:
     options = [Option(None, "none")]
     usable, note = bitsandbytes_here()
     if usable:
@@ -241,21 +286,34 @@ def _quantization_options() -> tuple[list[Option], str]:
     return options, note
 
 
-def _attention_options(advice: AttentionAdvice) -> list[Option]:
+def _attention_options(hardware: Hardware, advice: AttentionAdvice) -> tuple[list[Option], str]:
     options = [Option(None, f"default ({advice.default.resolves_to})", True, advice.default.reason)]
     for row in advice.rows:
         if row.kind == "paged":  # deprecated aliases of the rows above
             continue
         reason = f"{row.status}: {row.reason}" + (f"; fix: {row.fix}" if row.fix else "")
         options.append(Option(row.key, f"{row.status.mark} {row.key}", row.status.usable, reason))
-    return options
+    return options, ""
+
+
+def _dtype_options(hardware: Hardware, advice: AttentionAdvice) -> tuple[list[Option], str]:
+    advised = advice.precision.dtype
+    options = [Option(d, f"{d} (advised)" if d == advised else d) for d in OFFERED]
+    return options, f"advised for {advice.device}: {advised} — {advice.precision.reason}"
+
+
+# What each dropdown offers here, and the note beside it, by argument name (a test checks every dropdown has one).
+OPTIONS: dict[str, Callable[[Hardware, AttentionAdvice], tuple[list[Option], str]]] = {
+    "dtype": _dtype_options,
+    "device_map": _device_options,
+    "attn_implementation": _attention_options,
+    "quantization": _quantization_options,
+}
 
 
 def _advice(model: str, device: str | None, dtype: str | None, offline: bool) -> tuple[AttentionAdvice, str | None]:
     """The advisor's answer for the model; for the hardware alone when the model's config can't be read."""
-    from nbhw.core.advice.attention import advise
-
-    wanted = dtype if dtype in DTYPES else None
+    wanted = dtype if dtype in OFFERED else None
     try:
         return advise(model, device=device, dtype=wanted, offline=offline), None
     except UserError as exc:
@@ -264,23 +322,19 @@ def _advice(model: str, device: str | None, dtype: str | None, offline: bool) ->
 
 def choices(model: str, *, device_map: str = "auto", dtype: str | None = None, offline: bool = False) -> Choices:
     """The options of every control for ``model`` on this machine; the advice is for the device device_map names."""
-    from nbhw.core.hardware.detect import detect
-
     hardware = detect()
     advice, problem = _advice(model, target_device(device_map, hardware), dtype, offline)
-    advised = advice.precision.dtype
-    dtypes = [Option(d, f"{d} (advised)" if d == advised else d) for d in DTYPES]
-    quantizations, note = _quantization_options()
+    options: dict[str, tuple[Option, ...]] = {}
+    notes: dict[str, str] = {}
+    for name, offer in OPTIONS.items():
+        found, notes[name] = offer(hardware, advice)
+        options[name] = tuple(found)
     return Choices(
         model=model,
         target=advice.device,
-        device_maps=tuple(_device_options(hardware)),
-        dtypes=tuple(dtypes),
-        advised_dtype=advised,
-        dtype_reason=advice.precision.reason,
-        attention=tuple(_attention_options(advice)),
-        quantizations=tuple(quantizations),
-        quantization_note=note,
+        advised_dtype=advice.precision.dtype,
+        options=options,
+        notes=notes,
         memory=tuple(_memory_fields(hardware)),
         problem=problem,
     )
@@ -291,34 +345,20 @@ def choices(model: str, *, device_map: str = "auto", dtype: str | None = None, o
 
 def make_plan(form: Form) -> LoadPlan:
     """The plan a form asks for; a UserError naming the entry when one is a mistake."""
-    from nbhw.core.plan.arguments import device_map_from_text
-    from nbhw.core.plan.load_plan import plan
-
     if not form.model.strip():
         raise UserError("model: give a Hub id like 'org/name' or the folder of a local model")
-    return plan(
-        form.model.strip(),
-        device_map=device_map_from_text(form.device_map),
-        dtype=form.dtype or "auto",
-        attn_implementation=form.attn_implementation,
-        use_kernels=form.use_kernels,
-        quantization=form.quantization,
-        max_memory=form.memory_budget(),
-        offline=form.offline,
-    )
+    return plan(form.model.strip(), offline=form.offline, **form.plan_values())
 
 
 def units(plan: LoadPlan) -> list[Unit]:
     """The placement as blocks in model order: each decoder layer, and each other module holding weights."""
-    from transformers.integrations.accelerate import compute_module_sizes
-
-    from nbhw.core.plan.placement import _layer_names, device_name
+    from transformers.integrations.accelerate import compute_module_sizes  # transformers: only once a plan exists
 
     model, placement = plan.meta_model, plan.placement
     if model is None or placement is None or not placement.device_map:
         return []
     sizes, _ = compute_module_sizes(model, plan.quantizer, only_modules=False)
-    layers = set(_layer_names(model))
+    layers = set(layer_names(model))
     found: list[Unit] = []
     inside: str | None = None
     for name, module in model.named_modules():
@@ -344,8 +384,6 @@ def _device_of(module: str, device_map: dict[str, int | str]) -> int | str:
 
 def preview(form: Form) -> Preview:
     """The code and findings of a form; a Preview holding a one-line message when an entry is a mistake."""
-    from nbhw.core.hf import meta_build
-
     try:
         plan = make_plan(form)
         code = plan.code.rstrip("\n")

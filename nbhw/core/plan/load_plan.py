@@ -15,11 +15,16 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from nbhw.core import argument, render
+from nbhw.core.hardware import backends, presence
+from nbhw.core.hardware.data import BackendStatus
+from nbhw.core.hardware.who_picks import from_pretrained_default
 from nbhw.core.hf import meta_build, model_config
-from nbhw.core.plan import codegen
-from nbhw.core.plan.arguments import DISK, QUANTIZATION, LoadArgs, load_args
+from nbhw.core.hf.tiny_model import tiny_model_path
+from nbhw.core.plan import codegen, estimate
+from nbhw.core.plan.arguments import DISK, PLAN_ARGUMENTS, QUANTIZATION, PlanArgs, plan_args
 from nbhw.core.plan.estimate import Estimate
-from nbhw.core.plan.placement import LiveMemory, Placement
+from nbhw.core.plan.placement import LiveMemory, Placement, live_memory, place
 from nbhw.core.plan.quantized_sizes import PlanningQuantizer
 from nbhw.core.render import Shown
 
@@ -99,7 +104,7 @@ class LoadPlan(Shown):
     Properties are computed on first use and kept: ``.placement`` reads free memory at that moment.
     """
 
-    def __init__(self, model: str, args: LoadArgs, *, offline: bool = False) -> None:
+    def __init__(self, model: str, args: PlanArgs, *, offline: bool = False) -> None:
         self.model = model
         self.args = args
         self.offline = offline
@@ -139,16 +144,12 @@ class LoadPlan(Shown):
         return self.config_dtype or weights_dtype(self.model, self.config.source) or "float32"
 
     @cached_property
-    def _rows(self) -> list[Any]:
-        from nbhw.core.hardware import backends
-
+    def _rows(self) -> list[BackendStatus]:
         return backends.probe_all()
 
     @cached_property
     def default_device(self) -> str:
         """Where from_pretrained puts the model without a device_map (cpu, unless a torch default device is set)."""
-        from nbhw.core.hardware.who_picks import from_pretrained_default
-
         return from_pretrained_default().device
 
     # ------------------------------------------------------------ code
@@ -199,8 +200,6 @@ class LoadPlan(Shown):
     @cached_property
     def estimate(self) -> Estimate | None:
         """Parameters, bytes, largest layer, KV cache per 1,000 tokens, training; None without a config."""
-        from nbhw.core.plan import estimate
-
         model = self.meta_model
         if model is None:
             return None
@@ -222,15 +221,11 @@ class LoadPlan(Shown):
     @cached_property
     def live(self) -> LiveMemory:
         """The free memory device_map="auto" would fill here, read now."""
-        from nbhw.core.plan.placement import live_memory
-
         return live_memory(self._rows)
 
     @cached_property
     def placement(self) -> Placement | None:
         """The device_map transformers would compute, per device, with a verdict; None without a config."""
-        from nbhw.core.plan.placement import place
-
         model = self.meta_model
         if model is None:
             return None
@@ -289,13 +284,9 @@ class LoadPlan(Shown):
         return []
 
     def _device_problems(self, placement: Placement) -> list[str]:
-        from nbhw.core.hardware import presence
-
         return presence.absent(list(placement.device_map.values()), self._rows, self.live.accelerator)
 
     def _flash_problems(self, placement: Placement) -> list[str]:
-        from nbhw.core.hardware import presence
-
         impl = (self.args.attn_implementation or "").removeprefix("paged|")
         m = re.fullmatch(r"flash_attention_(\d)", impl)
         if m is None or not meta_build.flash_package_installed(int(m.group(1))):
@@ -317,27 +308,19 @@ class LoadPlan(Shown):
     @property
     def notes(self) -> list[str]:
         """What a reader should know that is not a problem: defaults left out, guesses, what was not checked."""
-        from nbhw.core.plan import plan_view
-
-        return plan_view.notes(self)
+        return plan_notes(self)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data: arguments, code, problems, notes, estimate, placement."""
-        from nbhw.core.plan import plan_view
-
-        return plan_view.to_dict(self)
+        return plan_to_dict(self)
 
     def text(self, *, code: bool = True) -> str:
         """The plan as text for terminals (``code=False`` leaves out the cell)."""
-        from nbhw.core.plan import plan_view
-
-        return plan_view.text(self, code=code)
+        return plan_text(self, code=code)
 
     def html(self, *, code: bool = True) -> str:
         """The plan as an HTML fragment."""
-        from nbhw.core.plan import plan_view
-
-        return plan_view.html(self, code=code)
+        return plan_html(self, code=code)
 
     def view(self, *, code: bool = True) -> PlanView:
         """A displayable report of this plan (``code=False``: without the cell, e.g. when it was just emitted)."""
@@ -359,53 +342,189 @@ class PlanView(Shown):
 
 
 def from_words(args: Any) -> LoadPlan:
-    """A plan from the parsed words of ``%hw load`` / ``python -m nbhw plan`` (see nbhw.commands)."""
-    from nbhw.core.plan.arguments import device_map_from_text
-
-    return plan(
-        args.model,
-        device_map="auto" if args.device_map is None else device_map_from_text(args.device_map),
-        dtype=args.dtype or "auto",
-        attn_implementation=args.attn_implementation,
-        use_kernels=args.use_kernels,
-        quantization=args.quantize,
-        max_memory=args.max_memory,
-        offline=args.offline,
-    )
+    """A plan from the parsed words of ``%hw load`` / ``python -m nbhw load`` (see nbhw.commands)."""
+    return plan(args.model, offline=args.offline, **argument.given(args, PLAN_ARGUMENTS))
 
 
-def plan(
-    model: str | Path | None = None,
-    *,
-    device_map: Any = "auto",
-    dtype: Any = "auto",
-    attn_implementation: str | None = None,
-    use_kernels: bool = False,
-    quantization: str | None = None,
-    max_memory: Any = None,
-    offline: bool = False,
-) -> LoadPlan:
+def plan(model: str | Path | None = None, *, offline: bool = False, **arguments: Any) -> LoadPlan:
     """Plan ``from_pretrained(model, ...)`` for this machine (or for the ``max_memory`` you name).
 
-    ``model`` is a Hub id or a local folder; None plans nbhw's tiny local model. Mistakes in the arguments raise a
-    one-line :class:`~nbhw.core.errors.UserError` naming the valid values. Same words on the command line:
-    ``python -m nbhw plan MODEL --device-map auto --dtype bfloat16 --max-memory 0=70GiB cpu=200GiB``.
+    ``model`` is a Hub id or a local folder; None plans nbhw's tiny local model. The other keywords are the
+    arguments of :class:`~nbhw.core.plan.arguments.PlanArgs` (``dtype``, ``device_map``, ``attn_implementation``,
+    ...). Mistakes raise a one-line :class:`~nbhw.core.errors.UserError` naming the valid values. Same words on
+    the command line: ``python -m nbhw load MODEL --device-map auto --dtype bfloat16 --max-memory 0=70GiB``.
 
     >>> p = nbhw.plan("Qwen/Qwen3-0.6B", dtype="bfloat16")   # doctest: +SKIP
     >>> print(p.code); p.check(); p.estimate; p.placement     # doctest: +SKIP
     """
-    if model is None:
-        from nbhw.core.hf.tiny_model import tiny_model_path
-
-        model = tiny_model_path()
-    name = str(model)
+    name = str(tiny_model_path() if model is None else model)
     model_config.kind(name)  # a mistyped path or id is a UserError now, not a problem later
-    args = load_args(
-        device_map=device_map,
-        dtype=dtype,
-        attn_implementation=attn_implementation,
-        use_kernels=use_kernels,
-        quantization=quantization,
-        max_memory=max_memory,
-    )
-    return LoadPlan(name, args, offline=offline)
+    return LoadPlan(name, plan_args(**arguments), offline=offline)
+
+
+plan.__signature__ = argument.signature(plan, PLAN_ARGUMENTS, keep=("model", "offline"))  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------- the plan as text, HTML and plain data
+
+
+def count(n: int) -> str:
+    """A parameter count as model cards write it: 8.03B, 596.0M, 112.5K."""
+    for unit, scale, digits in (("B", 10**9, 2), ("M", 10**6, 1), ("K", 10**3, 1)):
+        if n >= scale:
+            return f"{n / scale:.{digits}f}{unit}"
+    return str(n)
+
+
+def _dtype_note(plan: LoadPlan) -> str | None:
+    if plan.args.dtype != "auto":
+        return None
+    if plan.config_dtype:
+        return f'dtype="auto" picks {plan.dtype}, the dtype the config names'
+    if plan.config.available and plan.dtype != "float32":
+        return f'dtype="auto" picks {plan.dtype}, the dtype of the local weights (the config names none)'
+    if plan.config.available:
+        return 'dtype="auto": neither the config nor local weights name a dtype; float32 assumed'
+    return None
+
+
+def plan_notes(plan: LoadPlan) -> list[str]:
+    """Everything worth knowing that is not a problem."""
+    out: list[str] = []
+    if not plan.config.available:
+        out.append(f"config not available, so the cell assumes a causal LM ({plan.auto_class})")
+    out += plan.arguments.omitted
+    out += [n for n in [_dtype_note(plan)] if n]
+    attn = plan.args.attn_implementation
+    if attn is not None and plan.build is None and plan.config.available:
+        out.append(f"attn_implementation={attn!r} needs a Hub kernel download at load: not checked")
+    if plan.args.use_kernels and not plan._kernel_problems():
+        out.append("use_kernels=True needs Hub kernel downloads at load: not checked")
+    if plan.args.device_map == "meta":
+        out.append("device_map='meta' loads the model without weights (transformers accepts it silently)")
+    if plan.args.max_memory is not None and not (
+        isinstance(plan.args.device_map, str) and plan.placement and plan.placement.strategy
+    ):
+        out.append("max_memory only changes anything with device_map auto / balanced / balanced_low_0 / sequential")
+    estimate = plan.estimate if plan.config.available else None
+    if estimate is not None:
+        out += estimate.notes + ([estimate.kv_note] if estimate.kv_note else [])
+    placement = plan.placement if plan.config.available else None
+    if placement is not None:
+        out += placement.notes
+    return out
+
+
+def plan_to_dict(plan: LoadPlan) -> dict[str, Any]:
+    """Plain JSON-ready data."""
+    args = plan.args
+    estimate = plan.estimate if plan.config.available else None
+    placement = plan.placement if plan.config.available else None
+    return {
+        "model": plan.model,
+        "config_source": plan.config.source,
+        "auto_class": plan.auto_class,
+        "arguments": argument.to_dict(args),
+        "dtype": plan.dtype if plan.config.available or args.dtype != "auto" else None,
+        "code": plan.code,
+        "problems": plan.check(),
+        "notes": plan_notes(plan),
+        "estimate": estimate.to_dict() if estimate is not None else None,
+        "placement": placement.to_dict() if placement is not None else None,
+    }
+
+
+def _estimate_rows(e: Estimate) -> list[tuple[str, str]]:
+    kv = e.kv_cache_per_1k_tokens
+    growing = len([k for k in e.kv_layers if k.bytes_per_token])
+    quant = f", {e.quantization} weights" if e.quantization else ""
+    return [
+        ("parameters", f"{count(e.parameters)} ({count(e.non_embedding_parameters)} without the input embedding)"),
+        ("weights", f"{render.size(e.total_bytes)} in {e.dtype}{quant}"),
+        ("largest layer", f"{render.size(e.largest_layer_bytes)}  {', '.join(e.largest_layer[:3])}"),
+        ("KV cache", "N/A" if kv is None else f"{render.size(kv)} per 1,000 tokens of one sequence ({growing} layers)"),
+        (
+            "training",
+            f"{render.size(e.training_total)} for weights, gradients and Adam states together "
+            f"(largest single stage {render.size(e.training_peak)}); full fine-tuning in {e.training_precision} "
+            "mixed precision, batch size 1, activations not included (accelerate's figures)",
+        ),
+    ]
+
+
+def _share_rows(p: Placement) -> list[list[str]]:
+    rows = []
+    for share in p.devices:
+        more = f" … +{len(share.names) - 2}" if len(share.names) > 2 else ""
+        budget = render.size(share.budget) if share.budget is not None else ""
+        layers = str(share.layers) if share.layers else ""
+        rows.append([share.device, layers, render.size(share.bytes), budget, ", ".join(share.names[:2]) + more])
+    return rows
+
+
+def _placement_title(plan: LoadPlan, p: Placement) -> str:
+    how = f'device_map="{p.strategy}"' if p.strategy else f"device_map={plan.args.device_map!r}"
+    if plan.args.device_map is None:
+        how = "no device_map"
+    return f"{how}, against {p.budget_source}"
+
+
+SHARE_HEADERS = ("device", "layers", "weights", "budget", "device_map entries")
+
+
+def _problems_title(problems: list[str]) -> str:
+    if not problems:
+        return "Dry run: transformers accepts this plan here"
+    return f"Dry run: {len(problems)} problem{'s' if len(problems) > 1 else ''}"
+
+
+def _header(plan: LoadPlan) -> str:
+    where = plan.config.source or "not available"
+    return f"nbhw: load plan for {plan.model!r} (config: {where}; {plan.auto_class}, {plan.dtype})"
+
+
+def plan_text(plan: LoadPlan, *, code: bool = True) -> str:
+    """The plan for a terminal."""
+    lines = [_header(plan), ""]
+    if code:
+        lines += ["Code", *("    " + line if line else "" for line in plan.code.splitlines()), ""]
+    problems = plan.check()
+    lines += [_problems_title(problems), *(f"  - {p}" for p in problems), ""]
+    estimate = plan.estimate if plan.config.available else None
+    if estimate is not None:
+        rows = _estimate_rows(estimate)
+        width = max(len(k) for k, _ in rows)
+        lines += ["Estimate", *(f"  {k.ljust(width)}  {v}" for k, v in rows), ""]
+    placement = plan.placement if plan.config.available else None
+    if placement is not None:
+        lines += [f"Placement: {placement.verdict}", f"  {_placement_title(plan, placement)}"]
+        lines += [render.text_table(SHARE_HEADERS, _share_rows(placement), indent="  "), ""]
+    extra = plan_notes(plan)
+    if extra:
+        lines += ["Notes", *(f"  - {n}" for n in extra)]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def plan_html(plan: LoadPlan, *, code: bool = True) -> str:
+    """The plan as an HTML fragment (every value escaped)."""
+    esc = render.esc
+    parts = [f'<div class="nbhw-plan"><p><b>{esc(_header(plan))}</b></p>']
+    if code:
+        parts.append(f'<pre class="nbhw-code">{esc(plan.code)}</pre>')
+    problems = plan.check()
+    items = "".join(f"<li>{esc(p)}</li>" for p in problems)
+    parts.append(f"<p><b>{esc(_problems_title(problems))}</b></p>" + (f"<ul>{items}</ul>" if items else ""))
+    estimate = plan.estimate if plan.config.available else None
+    if estimate is not None:
+        parts.append(
+            "<p><b>Estimate</b></p>" + render.html_table(("", ""), [list(r) for r in _estimate_rows(estimate)])
+        )
+    placement = plan.placement if plan.config.available else None
+    if placement is not None:
+        parts.append(f"<p><b>Placement: {esc(placement.verdict)}</b><br>{esc(_placement_title(plan, placement))}</p>")
+        parts.append(render.html_table(SHARE_HEADERS, _share_rows(placement)))
+    extra = plan_notes(plan)
+    if extra:
+        parts.append("<p><b>Notes</b></p><ul>" + "".join(f"<li>{esc(n)}</li>" for n in extra) + "</ul>")
+    parts.append("</div>")
+    return "".join(parts)

@@ -10,16 +10,17 @@ adjustments (90% of CPU RAM, the buffer on a single GPU) still apply and no cont
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from nbhw.core import render
+from nbhw.core.hardware import backends, who_picks
 from nbhw.core.hardware.data import BackendStatus
 from nbhw.core.hardware.presence import accelerator_type
-from nbhw.core.plan.arguments import DISK, LoadArgs
+from nbhw.core.hf import library_source, meta_build
+from nbhw.core.plan.arguments import DISK, PlanArgs, strategy_names
 
 _patch_lock = threading.Lock()
 
@@ -80,9 +81,6 @@ class Placement:
 
 def live_memory(rows: list[BackendStatus] | None = None) -> LiveMemory:
     """Free memory per device that device_map="auto" would fill here, from nbhw's probes (NVML for NVIDIA)."""
-    from nbhw.core.hardware import backends, who_picks
-    from nbhw.core.hf import library_source
-
     rows = backends.probe_all() if rows is None else rows
     order = library_source.auto_memory_order()
     picked = who_picks.auto_devices(rows, order) if order is not None else ["cpu"]
@@ -128,28 +126,13 @@ def _budget(live: LiveMemory) -> Iterator[bool]:
             hf_accelerate.accelerate_max_memory = original
 
 
-@contextlib.contextmanager
-def quiet() -> Iterator[None]:
-    """transformers' and accelerate's logs off: a hypothetical GPU is not a warning worth printing while planning."""
-    from nbhw.core.hf import meta_build
-
-    with meta_build.quiet():  # first: it serialises the save and restore below across threads
-        acc = logging.getLogger("accelerate")
-        level = acc.level
-        acc.setLevel(logging.ERROR)
-        try:
-            yield
-        finally:
-            acc.setLevel(level)
-
-
 def computed_map(
     model: Any, strategy: str, max_memory: dict[Any, Any] | None, quantizer: Any, live: LiveMemory | None
 ) -> dict[str, Any]:
     """transformers' own device_map for a strategy; ``live`` stands in for accelerate's free-memory probe."""
     from transformers.integrations.accelerate import _get_device_map
 
-    with quiet():
+    with meta_build.quiet():
         if max_memory is not None or live is None:
             return dict(_get_device_map(model, strategy, dict(max_memory) if max_memory else None, quantizer))
         with _budget(live) as patched:
@@ -164,7 +147,7 @@ def device_name(key: int | str, accelerator: str | None) -> str:
     return str(key)
 
 
-def _layer_names(model: Any) -> list[str]:
+def layer_names(model: Any) -> list[str]:
     """The modules transformers never splits across devices (the decoder layers): what 'a layer' means here."""
     no_split = set(getattr(model, "_no_split_modules", None) or [])
     return [name for name, module in model.named_modules() if type(module).__name__ in no_split]
@@ -191,7 +174,7 @@ def _shares(
         share(value).names.append(module or "(whole model)")
     for name, value in per_tensor.items():
         share(value).bytes += int(sizes.get(name, 0))
-    layers = set(_layer_names(model))
+    layers = set(layer_names(model))
     counted: set[str] = set()
     for name in tensors:  # a layer is where its first tensor is
         parts = name.split(".")
@@ -248,11 +231,9 @@ def _too_big(shares: list[DeviceShare], budget: dict[int | str, int] | None, acc
 
 
 def place(
-    model: Any, args: LoadArgs, *, quantizer: Any = None, default_device: str = "cpu", live: LiveMemory | None = None
+    model: Any, args: PlanArgs, *, quantizer: Any = None, default_device: str = "cpu", live: LiveMemory | None = None
 ) -> Placement:
     """The placement ``args`` give ``model`` (meta device, target dtype) here or on the budget the user named."""
-    from nbhw.core.plan.arguments import strategy_names
-
     user_budget = args.max_memory_bytes
     live_budget = None if user_budget is not None else live
     accelerator = (live.accelerator if live is not None else None) or accelerator_type()

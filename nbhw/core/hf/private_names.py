@@ -1,0 +1,168 @@
+"""Every private or internal name of torch, transformers, accelerate and the notebook stack that nbhw touches.
+
+Each entry says where it lives, what nbhw reads it for, how (an attribute it calls or reads, a class flag, or a
+function whose source nbhw parses with ``ast``), and the version it was read from. ``tests/test_private_names.py``
+checks that each one still exists in the installed libraries, so an upgrade that renames one fails there, by name,
+rather than somewhere in a plan.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from nbhw.core.hf.library_source import function_source
+
+How = Literal["call", "read", "patch", "flag", "source"]
+
+
+@dataclass(frozen=True)
+class PrivateName:
+    """One internal name: ``module`` + ``attribute`` (dotted inside the module), why nbhw needs it, and how.
+
+    A part written ``Class()`` in ``attribute`` means an instance of that class (an attribute its __init__ sets).
+    """
+
+    module: str
+    attribute: str
+    why: str
+    how: How
+    read_from: str
+    only: str | None = None  # where the name exists at all (a CUDA build of torch); None: everywhere
+
+    @property
+    def path(self) -> str:
+        """The full dotted name."""
+        return f"{self.module}.{self.attribute}"
+
+    @property
+    def library(self) -> str:
+        """The distribution the name belongs to."""
+        return self.module.split(".")[0]
+
+
+def _n(module: str, attribute: str, how: How, read_from: str, why: str, *, only: str | None = None) -> PrivateName:
+    return PrivateName(module, attribute, why, how, read_from, only)
+
+
+CUDA_BUILD = "a CUDA build of torch"
+
+
+TORCH = "2.13.0"
+TRANSFORMERS = "5.24.0"
+ACCELERATE = "1.15.0"
+
+PRIVATE_NAMES: tuple[PrivateName, ...] = (
+    # torch: what the build supports, read without creating a CUDA context
+    _n("torch._C", "_cuda_getArchFlags", "call", TORCH, "the CUDA architectures of this build", only=CUDA_BUILD),
+    _n(
+        "torch._C",
+        "_cudnn",
+        "call",
+        TORCH,
+        "cuDNN's version, without cudnn.version()'s per-GPU checks",
+        only=CUDA_BUILD,
+    ),
+    _n("torch.cuda", "_parse_visible_devices", "call", TORCH, "CUDA_VISIBLE_DEVICES as torch itself parses it"),
+    _n("torch.cuda", "_transform_uuid_to_ordinals", "call", TORCH, "GPU-UUID entries of CUDA_VISIBLE_DEVICES"),
+    _n("torch.xpu", "_is_compiled", "call", TORCH, "whether this torch was built with XPU support"),
+    # transformers: the decisions from_pretrained makes, asked of transformers itself
+    _n("transformers.integrations.accelerate", "_get_device_map", "call", TRANSFORMERS, "device_map='auto' & co."),
+    _n(
+        "transformers.integrations.accelerate",
+        "accelerate_max_memory",
+        "patch",
+        TRANSFORMERS,
+        "planning with NVML's free memory instead of accelerate's probe, which creates CUDA contexts",
+    ),
+    _n(
+        "transformers.integrations.hub_kernels",
+        "_build_kernel_mapping",
+        "source",
+        TRANSFORMERS,
+        "the default use_kernels mapping, defined only when kernels is installed",
+    ),
+    _n("transformers.integrations.hub_kernels", "_TRANSFORMERS_USE_HUB_KERNELS", "read", TRANSFORMERS, "the switch"),
+    _n(
+        "transformers.models.auto.auto_factory",
+        "_BaseAutoModelClass._model_mapping",
+        "read",
+        TRANSFORMERS,
+        "the concrete class an Auto class maps a config to",
+    ),
+    _n("transformers", "PreTrainedModel._supports_sdpa", "flag", TRANSFORMERS, "class supports sdpa"),
+    _n("transformers", "PreTrainedModel._supports_flash_attn", "flag", TRANSFORMERS, "class supports flash attention"),
+    _n("transformers", "PreTrainedModel._supports_flex_attn", "flag", TRANSFORMERS, "class supports flex_attention"),
+    _n(
+        "transformers",
+        "PreTrainedModel._compatible_flash_implementations",
+        "flag",
+        TRANSFORMERS,
+        "the flash implementations a class switches to",
+    ),
+    _n("transformers", "PreTrainedModel._no_split_modules", "flag", TRANSFORMERS, "what 'a layer' is for placement"),
+    _n("transformers", "PreTrainedModel._keep_in_fp32_modules", "flag", TRANSFORMERS, "modules kept in float32"),
+    _n("transformers", "PretrainedConfig._attn_implementation", "read", TRANSFORMERS, "attention a build resolved to"),
+    _n(
+        "transformers.training_args",
+        "TrainingArguments._setup_devices",
+        "source",
+        TRANSFORMERS,
+        "the device order TrainingArguments tries",
+    ),
+    _n("transformers.pipelines.base", "Pipeline.__init__", "source", TRANSFORMERS, "the device order pipeline() tries"),
+    _n("transformers.utils.import_utils", "KERNELS_MIN_VERSION", "read", TRANSFORMERS, "kernels range accepted"),
+    _n("transformers.utils.import_utils", "KERNELS_MAX_VERSION", "read", TRANSFORMERS, "kernels range accepted"),
+    _n("transformers.utils.import_utils", "BITSANDBYTES_MIN_VERSION", "read", TRANSFORMERS, "bitsandbytes accepted"),
+    # accelerate
+    _n("accelerate.state", "PartialState._prepare_backend", "source", ACCELERATE, "the distributed backend chosen"),
+    _n("accelerate.state", "PartialState.default_device", "source", ACCELERATE, "the device Accelerator() picks"),
+    # huggingface_hub
+    _n("huggingface_hub.utils._validators", "validate_repo_id", "call", "1.5", "what a Hub model id may look like"),
+    # the standard library: the parser's own tables, for help and for naming the valid words
+    _n("argparse", "ArgumentParser()._actions", "read", "3.11", "a subcommand's options, listed in error messages"),
+    _n("argparse", "ArgumentParser()._subparsers", "read", "3.11", "the subcommands, for their parsers"),
+    _n("argparse", "ArgumentParser()._positionals._group_actions", "read", "3.11", "the subparsers action of a parser"),
+    # the notebook stack (ui/)
+    _n("plotly.graph_objects", "FigureWidget._esm", "read", "7.1.0", "the widget's JS, carried as a string"),
+    _n("ipywidgets", "Widget._handle_msg", "patch", "8.1.9", "browser messages handled under nbhw's widget lock"),
+    _n("traitlets", "HasTraits()._trait_values", "read", "5.14", "a widget's children without creating defaults"),
+)
+
+
+def resolve(name: PrivateName) -> Any:
+    """The object a name stands for in the installed library; AttributeError / ImportError when it is gone.
+
+    A name nbhw reads as source (``how="source"``) is found in the library's file, without running it: some are
+    defined only when an optional package is installed.
+    """
+    if name.how == "source":
+        return _source(name)
+    found: Any = importlib.import_module(name.module)
+    for part in name.attribute.split("."):
+        found = _attribute(found, part)
+    return found
+
+
+def _source(name: PrivateName) -> str:
+    spec = importlib.util.find_spec(name.module)
+    if spec is None or spec.origin is None:
+        raise ImportError(f"no module {name.module}")
+    found = function_source(Path(spec.origin), name.attribute)
+    if found is None:
+        raise AttributeError(f"{name.module} defines no {name.attribute}")
+    return found
+
+
+def _attribute(owner: Any, part: str) -> Any:
+    # "Class()" stands for an instance (attributes __init__ sets); class flags may be annotations without a value.
+    if part.endswith("()"):
+        return getattr(owner, part[:-2])()
+    if hasattr(owner, part):
+        return getattr(owner, part)
+    if part in getattr(owner, "__annotations__", {}):
+        return owner.__annotations__[part]
+    raise AttributeError(f"{owner!r} has no attribute {part!r}")

@@ -1,0 +1,155 @@
+"""One declaration for each argument: every surface is derived from it, and each fails here if it drifts.
+
+The surfaces: the options of ``%hw load`` and ``python -m nbhw load``, the keywords of ``nbhw.plan()`` and
+``nbhw.panel()``, the Load tab's controls, the keywords of the emitted cell and ``to_dict()["arguments"]``; the same
+for the advisor's arguments; and one command table that the magic and the CLI both run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import inspect
+from typing import Any
+
+import pytest
+from IPython.core.error import UsageError
+
+import nbhw
+from nbhw import __main__ as cli
+from nbhw import commands, magics
+from nbhw.core.advice.arguments import ADVICE_ARGUMENTS
+from nbhw.core.argument import Argument
+from nbhw.core.hf.tiny_model import tiny_model_path
+from nbhw.core.plan import codegen
+from nbhw.core.plan.arguments import PLAN_ARGUMENTS, PlanArgs
+from nbhw.core.plan.load_form import CONTROLS, OPTIONS
+from nbhw.ui.load import LoadView
+from nbhw.ui.worker import Worker
+
+PLAN_NAMES = {a.name for a in PLAN_ARGUMENTS}
+# A value for each argument that makes it show in the emitted cell (the tiny model's config names bfloat16).
+SHOWN = {
+    "dtype": "float16",
+    "device_map": "sequential",
+    "max_memory": {"cpu": "2GiB"},
+    "attn_implementation": "eager",
+    "use_kernels": True,
+    "quantization": "4bit",
+}
+
+
+def options_of(top: commands.Parser, command: str) -> dict[str, argparse.Action]:
+    sub = commands.subparser(top, command)
+    assert sub is not None, command
+    return {s: a for a in sub._actions for s in a.option_strings if s not in {"-h", "--help"}} | {
+        a.dest: a for a in sub._actions if not a.option_strings
+    }
+
+
+def declared_words(arguments: tuple[Argument, ...]) -> set[str]:
+    return {w for a in arguments for w in ((a.name,) if a.positional else a.options)}
+
+
+@pytest.mark.parametrize("surface", ["magic", "cli"])
+def test_the_load_words_are_exactly_the_declared_arguments(surface: commands.Surface) -> None:
+    words = options_of(commands.parser(surface), "load")
+    expected = declared_words(PLAN_ARGUMENTS) | {"model", "--offline", "--emit", "--json"}
+    assert set(words) == expected, set(words) ^ expected
+    for a in PLAN_ARGUMENTS:  # each word lands on the argument's own keyword
+        assert {words[w].dest for w in a.options} == {a.name}, a.name
+
+
+def test_every_argument_is_a_keyword_of_plan_panel_and_to_dict() -> None:
+    assert set(inspect.signature(nbhw.plan).parameters) == PLAN_NAMES | {"model", "offline"}
+    panel_keywords = set(inspect.signature(nbhw.panel).parameters) - {"model", "offline", "tab", "interval", "window"}
+    assert panel_keywords == set(CONTROLS) == {a.name for a in PLAN_ARGUMENTS if a.control}
+    assert set(nbhw.plan(**SHOWN).to_dict()["arguments"]) == PLAN_NAMES
+    with pytest.raises(nbhw.UserError, match="unknown argument 'bogus'; valid: dtype, device_map"):
+        nbhw.plan(bogus=1)
+
+
+def test_every_control_of_the_load_tab_is_a_declared_argument() -> None:
+    worker = Worker(debounce=0.0)
+    view = LoadView(nbhw.core.plan.load_form.Form(str(tiny_model_path())), worker)
+    try:
+        assert set(view.inputs) == set(CONTROLS)
+        for name, declared in CONTROLS.items():
+            if declared.control != "sizes":
+                assert view.control(name).description == name
+        dropdowns = {n for n, a in CONTROLS.items() if a.control == "dropdown"}
+        assert set(OPTIONS) == dropdowns  # every dropdown says what it offers here
+    finally:
+        view.close()
+        worker.stop()
+
+
+def emitted(**values: Any) -> set[str]:
+    """The keywords of the cell's ``model = ....from_pretrained(model_id, ...)``."""
+    args = PlanArgs(**values)
+    arguments = codegen.call_arguments(args, config_dtype=None, default_device="cpu")
+    tree = ast.parse(codegen.cell("m", "AutoModelForCausalLM", arguments))
+    assign = next(n for n in tree.body if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "model")
+    assert isinstance(assign.value, ast.Call)
+    return {k.arg for k in assign.value.keywords if k.arg}
+
+
+def test_the_emitted_keywords_are_the_declared_ones() -> None:
+    declared = {a.name: a.emits for a in PLAN_ARGUMENTS if a.emits}
+    assert set(codegen.EMITTERS) == set(declared)
+    checked = {a.name: a.value(SHOWN[a.name]) for a in PLAN_ARGUMENTS}
+    assert set(checked) == PLAN_NAMES  # SHOWN covers every argument
+    assert emitted(**checked) == set(declared.values())
+    for name, keyword in declared.items():  # each argument alone writes its own keyword and nothing else
+        assert emitted(**{name: checked[name]}) - {"device_map"} == {keyword} - {"device_map"}, name
+
+
+@pytest.mark.parametrize("surface", ["magic", "cli"])
+def test_the_attention_words_are_the_advisors_declared_arguments(surface: commands.Surface) -> None:
+    words = options_of(commands.parser(surface), "attention")
+    assert set(words) == declared_words(ADVICE_ARGUMENTS) | {"model", "--offline", "--json"}
+    assert set(inspect.signature(nbhw.attention).parameters) == {a.name for a in ADVICE_ARGUMENTS} | {
+        "model",
+        "offline",
+    }
+
+
+def test_the_magic_and_the_cli_run_the_same_command_table() -> None:
+    magic, terminal = commands.parser("magic"), commands.parser("cli")
+    for command in commands.COMMANDS:
+        for name in (command.name, *command.aliases):
+            here = options_of(magic, name)
+            there = options_of(terminal, name)
+            only = {w for a in command.arguments if a.name in command.magic_only for w in a.options}
+            assert set(here) - only == set(there), name
+        assert hasattr(magics.HwMagics, f"_run_{command.name}"), command.name
+    assert set(cli.RUNNERS) == {c.name for c in commands.COMMANDS}
+
+
+@pytest.mark.parametrize("dtype", ["half", "float16", "torch.bfloat16", "int8", "fp16"])
+def test_attention_and_load_agree_on_every_dtype_word(ip: Any, dtype: str) -> None:
+    ip.run_line_magic("load_ext", "nbhw")
+    outcomes = []
+    for line in (f"attention --dtype {dtype} --json", f"load --dtype {dtype} --json"):
+        try:
+            ip.run_line_magic("hw", line)
+            outcomes.append("ok")
+        except UsageError as exc:
+            outcomes.append(str(exc).split(";")[0])
+    assert outcomes[0] == outcomes[1], outcomes
+    assert (outcomes[0] == "ok") == (dtype in {"half", "float16", "torch.bfloat16"})
+
+
+def test_an_old_word_still_works_as_an_alias() -> None:
+    for old, new in (
+        ("--attn", "--attn-implementation"),
+        ("--quantize", "--quantization"),
+        ("--kernels", "--use-kernels"),
+    ):
+        a = commands.parse(
+            commands.cli_parser(), ["plan", old, *(["4bit"] if "quant" in old else ["sdpa"] if "attn" in old else [])]
+        )
+        b = commands.parse(
+            commands.cli_parser(), ["load", new, *(["4bit"] if "quant" in new else ["sdpa"] if "attn" in new else [])]
+        )
+        assert vars(a) == vars(b), (old, new)

@@ -1,0 +1,77 @@
+"""Every private name of the libraries nbhw touches is listed once, and each still exists in the installed version."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+
+from nbhw.core.hf.private_names import CUDA_BUILD, PRIVATE_NAMES, PrivateName, resolve
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def present_here(name: PrivateName) -> bool:
+    return name.only is None or (name.only == CUDA_BUILD and torch.version.cuda is not None)
+
+
+@pytest.mark.parametrize("name", PRIVATE_NAMES, ids=lambda n: n.path)
+def test_each_private_name_still_exists_in_the_installed_library(name: PrivateName) -> None:
+    if not present_here(name):
+        pytest.skip(f"{name.path} exists only on {name.only} (checked where one is installed: the GPU suite)")
+    resolve(name)  # raises, naming the attribute, when the name is gone (a class flag may hold None)
+
+
+def test_a_renamed_private_name_is_caught_by_name() -> None:
+    gone = PrivateName("transformers.integrations.accelerate", "_get_device_map_renamed", "x", "call", "5.24.0")
+    with pytest.raises(AttributeError, match="_get_device_map_renamed"):
+        resolve(gone)
+    gone_source = PrivateName("accelerate.state", "PartialState._prepare_backend_renamed", "x", "source", "1.15.0")
+    with pytest.raises(AttributeError, match="_prepare_backend_renamed"):
+        resolve(gone_source)
+
+
+def private_uses() -> dict[str, set[str]]:
+    """Private names nbhw reads from objects it did not define: attributes, getattr strings, imports."""
+    defined: set[str] = set()
+    used: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "nbhw").rglob("*.py")):
+        where = str(path.relative_to(ROOT))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                defined.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                defined.add(node.id)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                defined.add(node.attr)
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                defined.add(node.target.id)
+            for name in _private(node):
+                used.setdefault(name, set()).add(where)
+    return {k: v for k, v in used.items() if k not in defined}
+
+
+def _private(node: ast.AST) -> list[str]:
+    def is_private(text: object) -> bool:
+        return isinstance(text, str) and text.startswith("_") and not text.startswith("__")
+
+    if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and is_private(node.attr):
+        own = isinstance(node.value, ast.Name) and node.value.id in {"self", "cls"}
+        return [] if own else [node.attr]
+    if isinstance(node, ast.Call) and getattr(node.func, "id", None) in {"getattr", "hasattr"} and len(node.args) > 1:
+        value = node.args[1].value if isinstance(node.args[1], ast.Constant) else None
+        return [str(value)] if is_private(value) else []
+    if isinstance(node, ast.ImportFrom) and node.module and not node.module.startswith("nbhw"):
+        return [a.name for a in node.names if is_private(a.name)]
+    return []
+
+
+def test_every_private_name_nbhw_uses_is_in_the_registry() -> None:
+    listed = {
+        part.removesuffix("()") for n in PRIVATE_NAMES for part in (*n.module.split("."), *n.attribute.split("."))
+    }
+    unlisted = {name: sorted(files) for name, files in private_uses().items() if name not in listed}
+    assert not unlisted, f"add these to nbhw/core/hf/private_names.py: {unlisted}"
+    assert len(PRIVATE_NAMES) >= 26
