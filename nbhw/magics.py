@@ -101,9 +101,10 @@ class HwMagics(Magics):
         elif in_kernel(self.shell):
             from nbhw.ui.panel import panel  # ipywidgets and plotly: only when a panel is asked for
 
-            words = given(args, PLAN_ARGUMENTS)
+            # The words as the plan read them ("half" is float16), for the arguments the line gave.
+            asked = {name: getattr(plan.args, name) for name in given(args, PLAN_ARGUMENTS)}
             opened = panel(
-                args.model, offline=args.offline, tab="Load", interval=self.interval, window=self.window, **words
+                args.model, offline=args.offline, tab="Load", interval=self.interval, window=self.window, **asked
             )
             display(opened)
         else:

@@ -8,6 +8,8 @@ monkeypatch at the end of the test.
 from __future__ import annotations
 
 import importlib.machinery
+import importlib.util
+import platform
 import sys
 import types
 from dataclasses import dataclass, field
@@ -16,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from nbhw.core.hardware import nvml
+from nbhw.core.hardware import nvml, probes
 
 GIB = 1024**3
 
@@ -293,6 +295,37 @@ class FakeHardware:
         self.mp.setattr(torch.accelerator, "is_available", lambda: count > 0)
         self.mp.setattr(torch.accelerator, "device_count", lambda: count)
         self.mp.setattr(torch.accelerator, "get_memory_info", lambda i=None: (30 * GIB, 32 * GIB))
+
+    def linux_cpu_machine(self, *, native_bf16: bool = True) -> None:
+        """The machine CI runs on, made explicit: Linux x86_64, a CPU-only torch, no NVIDIA driver, no kernels.
+
+        Tests that describe "this CPU machine" use it, so they pass on a Mac or a GPU box too. ``native_bf16``:
+        whether the CPU has AVX512-BF16 / AMX (the dtype advice for the CPU follows it).
+        """
+        self.no_nvml_library()
+        self.mp.setattr(torch.version, "cuda", None)
+        self.mp.setattr(torch.version, "hip", None)
+        self.mp.setattr(torch.cuda, "is_available", lambda: False)
+        self.mp.setattr(torch.cuda, "device_count", lambda: 0)
+        self.mp.setattr(torch.backends.mps, "is_built", lambda: False)
+        self.mp.setattr(torch.backends.mps, "is_available", lambda: False)
+        self.mp.setattr(platform, "system", lambda: "Linux")
+        self.mp.setattr(platform, "machine", lambda: "x86_64")
+        flags = {"sse4_2", "avx2", "avx512f", *({"avx512_bf16", "amx_bf16"} if native_bf16 else ())}
+        self.mp.setattr(probes, "_cpu_flags", lambda: flags)
+        self.no_kernels()
+
+    def no_kernels(self) -> None:
+        """The kernels package is not installed (transformers' check and nbhw's find_spec both say so)."""
+        from transformers.utils import import_utils
+
+        real = importlib.util.find_spec
+
+        def find_spec(name: str, *args: Any, **kwargs: Any) -> Any:
+            return None if name == "kernels" or name.startswith("kernels.") else real(name, *args, **kwargs)
+
+        self.mp.setattr(importlib.util, "find_spec", find_spec)
+        self.mp.setattr(import_utils, "is_kernels_available", lambda *a, **k: False)
 
     def env(self, **values: str | None) -> None:
         """Set (or, with None, unset) environment variables."""

@@ -23,7 +23,7 @@ from nbhw.core.advice.status import STATUSES, Status
 from nbhw.core.errors import UserError
 from nbhw.core.hf import kernel_tables, meta_build
 from nbhw.core.hf.library_source import library_file
-from tests.fakes import FakeGpu
+from tests.fakes import FakeGpu, FakeHardware
 
 # ---------------------------------------------------------------- tiny local models
 
@@ -195,11 +195,12 @@ def test_without_a_model_the_hardware_alone_is_checked_with_the_reference_class(
     assert "No model given" in adv.text()
 
 
-def test_kernels_out_of_range_turns_every_hub_feature_off_and_says_the_range() -> None:
+def test_kernels_out_of_range_turns_every_hub_feature_off_and_says_the_range(fake_hw: FakeHardware) -> None:
     from transformers.utils import import_utils
 
+    fake_hw.linux_cpu_machine()
     ok, _ = meta_build.kernels_status()
-    assert not ok  # this machine: kernels missing or outside transformers' range
+    assert not ok  # kernels missing (faked): transformers treats it as out of its range too
     adv = advise(device="cpu")
     rng = f"kernels>={import_utils.KERNELS_MIN_VERSION},<{import_utils.KERNELS_MAX_VERSION}"
     for key in metabuild_fallbacks():
@@ -424,7 +425,8 @@ def test_kernels_section_names_the_model_layers_and_a_valid_device_key(fake_hw: 
 # ---------------------------------------------------------------- forms: text, HTML, JSON
 
 
-def test_text_html_and_json_forms(models: dict[str, Path]) -> None:
+def test_text_html_and_json_forms(models: dict[str, Path], fake_hw: FakeHardware) -> None:
+    fake_hw.linux_cpu_machine(native_bf16=True)  # the advised dtype below follows the CPU's bf16
     adv = advise(str(models["qwen3"]), device="cpu", dtype="bfloat16")
     text = adv.text()
     for row in adv.rows:

@@ -42,7 +42,8 @@ def test_registry_has_the_eleven_rows_of_the_transformers_table_in_order() -> No
     assert {r.key: r.device for r in rows if not r.extra} == DEVICE_STRINGS
 
 
-def test_real_cpu_machine_reports_cpu_usable_and_every_other_row_with_its_reason() -> None:
+def test_real_cpu_machine_reports_cpu_usable_and_every_other_row_with_its_reason(fake_hw: FakeHardware) -> None:
+    fake_hw.linux_cpu_machine()
     rows = {r.key: r for r in backends.probe_all()}
     assert rows["cpu"].usable
     cpu = rows["cpu"].devices[0]

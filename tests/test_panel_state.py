@@ -33,7 +33,8 @@ def values(options: Any) -> list[Any]:
 # ---------------------------------------------------------------- choices
 
 
-def test_choices_on_this_cpu_machine_come_from_detection_and_the_advisor(tiny: str) -> None:
+def test_choices_on_this_cpu_machine_come_from_detection_and_the_advisor(tiny: str, fake_hw: FakeHardware) -> None:
+    fake_hw.linux_cpu_machine()
     choices = load_form.choices(tiny)
     advice = nbhw.attention(tiny)
     usable = [d.device for d in nbhw.detect().devices]

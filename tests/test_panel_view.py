@@ -150,7 +150,7 @@ def test_the_load_tab_starts_on_the_advised_dtype_with_the_machines_choices(view
     ("control", "value", "expected"),
     [
         ("dtype", "float16", "dtype=torch.float16"),
-        ("attn", "eager", 'attn_implementation="eager"'),
+        ("attn_implementation", "eager", 'attn_implementation="eager"'),
         ("device_map", "sequential", 'device_map="sequential"'),
         ("use_kernels", True, "use_kernels=True"),
     ],
@@ -159,7 +159,7 @@ def test_changing_a_control_replans_in_the_background(
     view: LoadView, worker: Worker, control: str, value: Any, expected: str
 ) -> None:
     before = view.code.code
-    getattr(view, control).value = value  # as the browser's message sets it
+    view.control(control).value = value  # as the browser's message sets it
     settle(worker)
     assert expected in view.code.code and expected not in before
     assert view.code.code == load_form.make_plan(view.form).code.rstrip("\n")
@@ -197,11 +197,11 @@ def test_background_planning_writes_nothing_to_stdout_or_stderr(
         settle(worker)
         for field, value in (
             ("model", tiny),
-            ("attn", "flash_attention_2"),
+            ("attn_implementation", "flash_attention_2"),
             ("dtype", "float16"),
             ("device_map", "sequential"),
         ):
-            getattr(v, field).value = value
+            (v.model if field == "model" else v.control(field)).value = value
             settle(worker)
         v.memory_fields["cpu"].value = "lots"
         settle(worker)
@@ -300,13 +300,11 @@ def test_the_panel_has_four_tabs_and_closing_it_stops_everything(tiny: str) -> N
 def test_a_panel_that_fails_while_being_built_leaves_no_widget_and_no_thread(
     tiny: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nbhw.ui import load
-
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("a bug in the Load tab")
 
     widgets = open_widgets()
-    monkeypatch.setattr(load, "LoadView", broken)
+    monkeypatch.setattr(panels, "LoadView", broken)
     p = nbhw.panel(tiny)
     with pytest.raises(RuntimeError, match="a bug in the Load tab"):
         p.widget  # noqa: B018 (building it is the point)

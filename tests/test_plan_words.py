@@ -110,13 +110,13 @@ def test_readme_example_is_what_nbhw_prints(tmp_path: Path, monkeypatch: pytest.
     from tests.bench_plan import CONFIG
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    m = re.search(r"^\$ python -m nbhw plan (\./llama-3-70b .*?)\n(.*?)\n```", readme, re.M | re.S)
+    m = re.search(r"^\$ python -m nbhw load (\./llama-3-70b .*?)\n(.*?)\n```", readme, re.M | re.S)
     assert m, "README's plan example"
     (tmp_path / "llama-3-70b").mkdir()
     (tmp_path / "llama-3-70b" / "config.json").write_text(json.dumps(CONFIG))
     monkeypatch.chdir(tmp_path)
     printed = subprocess.run(
-        [sys.executable, "-m", "nbhw", "plan", *shlex.split(m.group(1))], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "nbhw", "load", *shlex.split(m.group(1))], capture_output=True, text=True, check=False
     ).stdout
 
     def without_dry_run(text: str) -> str:  # the dry run depends on this machine's GPUs

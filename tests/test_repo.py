@@ -41,6 +41,16 @@ def test_readme_benchmark_command_runs_from_the_repository_root() -> None:
     assert proc.returncode == 0 and "--only" in proc.stdout, proc.stderr
 
 
+def test_readme_layout_names_every_module_once() -> None:
+    text = (ROOT / "README.md").read_text()
+    block = text.split("## Layout", 1)[1].split("```", 2)[1].split("jupyter-config/")[0]  # the nbhw/ part
+    named = re.findall(r"^\s+([a-z_]+\.py)\b", block, re.M)
+    modules = [p for p in (ROOT / "nbhw").rglob("*.py") if p.name != "__init__.py" or p.parent == ROOT / "nbhw"]
+    for path in modules:  # each module's name appears under its own folder's heading, once
+        assert named.count(path.name) == sum(p.name == path.name for p in modules), path.relative_to(ROOT)
+    assert len(named) == len(modules)
+
+
 def test_the_benchmarks_are_not_collected_as_tests(pytestconfig: pytest.Config) -> None:
     # pytest collects the files under tests/ that match python_files; the benchmark and its parts must not.
     patterns = pytestconfig.getini("python_files")
@@ -55,6 +65,21 @@ def test_ruff_is_clean() -> None:
         [BIN / "ruff", "check", "nbhw", "tests"], cwd=ROOT, capture_output=True, text=True, check=False
     )
     assert proc.returncode == 0, proc.stdout
+
+
+@pytest.mark.slow
+def test_ruff_format_is_clean() -> None:
+    argv = [BIN / "ruff", "format", "--check", "nbhw", "tests"]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_pre_commit_runs_the_same_checks_as_the_tests() -> None:
+    import yaml
+
+    hooks = [h["id"] for repo in yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())["repos"]
+             for h in repo["hooks"]]  # fmt: skip
+    assert hooks == ["ruff", "ruff-format", "mypy", "lint-imports"]
 
 
 @pytest.mark.slow

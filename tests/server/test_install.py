@@ -1,4 +1,4 @@
-"""`pip install .` puts jupyter-config/ in the environment's etc/jupyter, and the server finds nbhw enabled there."""
+"""README's install path, in a fresh venv: build nbhw's wheel, install it; the server and JupyterLab find it enabled."""
 
 from __future__ import annotations
 
@@ -39,8 +39,13 @@ def test_pip_install_into_a_fresh_venv_enables_the_extension(tmp_path: Path) -> 
     site = run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", env=env, cwd=tmp_path).strip()
     shared = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
     Path(site, "test-environment.pth").write_text("\n".join(shared) + "\n", encoding="utf-8")
+    # As README says: a wheel built from the checkout, then installed (here without its dependencies, seen above).
+    dist = tmp_path / "dist"
+    wheel = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", dist, ROOT]
+    run(*wheel, env=env, cwd=tmp_path)
+    (built,) = dist.glob("nbhw-*.whl")
     pip = [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--ignore-installed"]
-    run(*pip, "--no-build-isolation", "--no-cache-dir", ROOT, env=env, cwd=tmp_path)
+    run(*pip, "--no-cache-dir", built, env=env, cwd=tmp_path)
 
     config = venv / "etc" / "jupyter" / "jupyter_server_config.d" / "nbhw.json"
     assert json.loads(config.read_text(encoding="utf-8")) == {"ServerApp": {"jpserver_extensions": {"nbhw": True}}}
