@@ -20,7 +20,7 @@ HALF = ("float16", "bfloat16")
 @lru_cache(maxsize=1)
 def dtype_names() -> tuple[str, ...]:
     """Every floating-point dtype name torch has (aliases like 'half' included), read from torch."""
-    import torch
+    import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
 
     return tuple(
         sorted(
@@ -33,7 +33,7 @@ def dtype_names() -> tuple[str, ...]:
 
 def check_dtype(value: Any) -> str:
     """'auto' or the canonical name of a floating-point torch dtype ('half' -> 'float16'); a UserError otherwise."""
-    import torch
+    import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
 
     if value is None or value == AUTO:
         return AUTO

@@ -4,9 +4,14 @@ and "Copy" run in the browser (static/codebox.js; insertion by nbhw's JupyterLab
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Any
+
+import anywidget
+import traitlets
+from pygments import highlight as render
+from pygments.formatters import HtmlFormatter
+from pygments.lexers import PythonLexer
 
 STATIC = Path(__file__).parent / "static"
 CSS = """
@@ -23,10 +28,6 @@ CSS = """
 
 def highlight(code: str) -> str:
     """Python source as inline-styled HTML spans (no CSS classes needed): its text is exactly ``code``."""
-    from pygments import highlight as render
-    from pygments.formatters import HtmlFormatter
-    from pygments.lexers import PythonLexer
-
     if not code:
         return ""
     # stripnl/ensurenl off and nowrap on: the spans' text is the code, character for character, except for the
@@ -36,31 +37,23 @@ def highlight(code: str) -> str:
     return html[:-1] if html.endswith("\n") and not code.endswith("\n") else html
 
 
-@functools.cache
-def codebox_class() -> type:
-    """The widget class, made on first use so that importing nbhw.ui stays cheap."""
-    import anywidget
-    import traitlets
+class CodeBox(anywidget.AnyWidget):
+    """The previewed code (``code``), its highlighted form (``html``) and a status line (``note``)."""
 
-    class CodeBox(anywidget.AnyWidget):
-        """The previewed code (``code``), its highlighted form (``html``) and a status line (``note``)."""
+    _esm = (STATIC / "codebox.js").read_text()
+    _css = CSS
+    code = traitlets.Unicode("").tag(sync=True)
+    html = traitlets.Unicode("").tag(sync=True)
+    note = traitlets.Unicode("").tag(sync=True)
 
-        _esm = (STATIC / "codebox.js").read_text()
-        _css = CSS
-        code = traitlets.Unicode("").tag(sync=True)
-        html = traitlets.Unicode("").tag(sync=True)
-        note = traitlets.Unicode("").tag(sync=True)
-
-        def show(self, code: str, note: str = "") -> None:
-            """Show ``code`` (empty: no code, buttons off) in one message."""
-            with self.hold_sync():
-                self.code = code
-                self.html = highlight(code)
-                self.note = note
-
-    return CodeBox
+    def show(self, code: str, note: str = "") -> None:
+        """Show ``code`` (empty: no code, buttons off) in one message."""
+        with self.hold_sync():
+            self.code = code
+            self.html = highlight(code)
+            self.note = note
 
 
 def codebox(**kwargs: Any) -> Any:
     """A new code box."""
-    return codebox_class()(**kwargs)
+    return CodeBox(**kwargs)

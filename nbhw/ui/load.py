@@ -7,8 +7,6 @@ unless a newer change came in. The code box's "Insert cell below" and "Copy" run
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +14,7 @@ import ipywidgets
 
 from nbhw.core import render
 from nbhw.core.argument import Argument
+from nbhw.core.cache import Recent
 from nbhw.core.errors import UserError
 from nbhw.core.plan import load_form
 from nbhw.core.plan.load_form import CONTROLS, Choices, Form, Option, Preview, Unit
@@ -38,29 +37,19 @@ STYLE = """<style>
   border-radius: 2px; }
 </style>"""
 
-_choices_lock = threading.Lock()
-_choices: OrderedDict[tuple[Any, ...], Choices] = OrderedDict()
+_choices: Recent[Choices] = Recent(CHOICES_CACHE)
 
 
 def cached_choices(form: Form) -> Choices:
     """The choices for a form's model, device and dtype, computed once per combination."""
-    key = (form.model.strip(), form.device_map, form.dtype, form.offline)
-    with _choices_lock:
-        if key in _choices:
-            _choices.move_to_end(key)
-            return _choices[key]
-    found = load_form.choices(form.model.strip(), device_map=form.device_map, dtype=form.dtype, offline=form.offline)
-    with _choices_lock:
-        _choices[key] = found
-        while len(_choices) > CHOICES_CACHE:
-            _choices.popitem(last=False)
-    return found
+    model, device_map, dtype, offline = form.model.strip(), form.device_map, form.dtype, form.offline
+    key = (model, device_map, dtype, offline)
+    return _choices.get(key, lambda: load_form.choices(model, device_map=device_map, dtype=dtype, offline=offline))
 
 
 def clear_cache() -> None:
     """Forget cached choices (detection and advice are read again)."""
-    with _choices_lock:
-        _choices.clear()
+    _choices.clear()
 
 
 # ---------------------------------------------------------------- HTML pieces

@@ -20,7 +20,9 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+import ipywidgets
 import numpy as np
+from IPython import get_ipython
 
 from nbhw.core.memory import process, summary
 from nbhw.core.memory.cell_records import CellLog, CellRecord
@@ -61,10 +63,6 @@ STYLE = f"""<style>
 
 def in_kernel() -> bool:
     """Whether this runs in a Jupyter kernel (widgets render) rather than a terminal or a script."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
     return getattr(get_ipython(), "kernel", None) is not None
 
 
@@ -126,9 +124,8 @@ def point_spacing(samples: int, slots: int, interval: float, points: int = POINT
 
 @functools.cache
 def _classes() -> tuple[type, type]:
-    """The figure and box classes, built on first use so importing this module stays cheap."""
-    import ipywidgets
-    import plotly.graph_objects as go
+    """The figure and box classes, built on first use: plotly's FigureWidget import is slow (plotly#5143)."""
+    import plotly.graph_objects as go  # lazy: plotly loads only when a graph is drawn
 
     class Figure(go.FigureWidget):  # type: ignore[misc]
         """A FigureWidget whose messages from the browser are handled under the memory views' lock."""
@@ -171,8 +168,6 @@ class MemoryView:
         refresh: float = REFRESH,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        import ipywidgets
-
         _, box_class = _classes()
         self.sampler, self.log = sampler, log
         self.width, self.row_height, self.refresh, self.clock = width, row_height, refresh, clock
@@ -278,7 +273,7 @@ class MemoryView:
         return {t.key: 1 if t.device == "host" or not has_devices else 2 for t in traces}
 
     def _figure_dict(self, traces: tuple[Trace, ...]) -> dict[str, Any]:
-        from plotly.subplots import make_subplots
+        from plotly.subplots import make_subplots  # lazy: plotly loads only when a graph is drawn
 
         rows = self._rows(traces)
         nrows = max(rows.values(), default=1)

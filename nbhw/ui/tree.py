@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import ipywidgets
+
 
 def owned(widget: Any) -> list[Any]:
     """The widgets a widget's synced traits hold: its layout and style, a box's children."""
-    import ipywidgets
-
     found: list[Any] = []
     for name in getattr(widget, "keys", None) or []:
         value = widget._trait_values.get(name)  # never getattr: that would create a default widget to close

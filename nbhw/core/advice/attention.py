@@ -108,6 +108,7 @@ class AttentionAdvice(Shown):
 
 def registry_keys() -> list[str]:
     """Every attn_implementation transformers accepts by name: 'eager' plus its AttentionInterface keys."""
+    # lazy: import nbhw and %load_ext nbhw stay free of transformers
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     keys = ["eager"]
@@ -232,7 +233,7 @@ def advise(model: str | None = None, *, offline: bool = False, **arguments: Any)
     On a GPU machine the checks run transformers' own flash-attention checks, which ask torch for the current GPU's
     compute capability, as ``from_pretrained`` does.
     """
-    import transformers
+    import transformers  # lazy: import nbhw and %load_ext nbhw stay free of transformers
 
     asked: AdviceArgs = checked(AdviceArgs, arguments)
     wanted, user_kernel = asked.dtype, asked.kernel
@@ -242,7 +243,7 @@ def advise(model: str | None = None, *, offline: bool = False, **arguments: Any)
     advice = precision.advise(target.device, target.device_type, target.info, target.count)
     chosen = _resolve_dtype(wanted, advice, facts)
     kernels_ok, kernels_why = meta_build.kernels_status()
-    from transformers.utils import import_utils
+    from transformers.utils import import_utils  # lazy: import nbhw and %load_ext nbhw stay free of transformers
 
     env = Env(
         target=target,

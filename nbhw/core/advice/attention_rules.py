@@ -67,6 +67,7 @@ def device_types() -> list[str]:
 
 
 def _transformers_device() -> str:
+    # lazy: import nbhw and %load_ext nbhw stay free of transformers
     from transformers.utils.import_utils import get_device_type
 
     return str(get_device_type())
@@ -192,6 +193,7 @@ class Env:
 
 
 def _matrix() -> dict[int, dict[str, Any]]:
+    # lazy: import nbhw and %load_ext nbhw stay free of transformers
     from transformers.modeling_flash_attention_utils import FLASH_ATTENTION_COMPATIBILITY_MATRIX
 
     return dict(FLASH_ATTENTION_COMPATIBILITY_MATRIX)

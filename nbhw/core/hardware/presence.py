@@ -12,7 +12,7 @@ NOT_DEVICES = {"cpu", "disk", "meta"}
 
 def accelerator_type() -> str | None:
     """The device type torch means by a bare index (0 -> cuda:0 on NVIDIA); no device is initialised."""
-    import torch
+    import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
 
     current = torch.accelerator.current_accelerator()
     return None if current is None else str(current.type)

@@ -151,6 +151,7 @@ def default_mapping() -> KernelMapping:
 
 def kernel_config_devices() -> list[str]:
     """The device keys ``KernelConfig`` accepts, from transformers."""
+    # lazy: import nbhw and %load_ext nbhw stay free of transformers
     from transformers.utils.kernel_config import KERNELS_SUPPORTED_DEVICE_TYPES
 
     return list(KERNELS_SUPPORTED_DEVICE_TYPES)
@@ -179,7 +180,10 @@ def _fallback_from_source(rocm: bool) -> dict[str, str] | None:
 
 def flash_kernel_fallback(rocm: bool) -> dict[str, str]:
     """FLASH_ATTN_KERNEL_FALLBACK (flash_attention_N -> Hub repo) as transformers builds it on a ROCm or other torch."""
+    # lazy: import nbhw and %load_ext nbhw stay free of transformers
     from transformers.modeling_flash_attention_utils import FLASH_ATTN_KERNEL_FALLBACK
+
+    # lazy: import nbhw and %load_ext nbhw stay free of transformers
     from transformers.utils.import_utils import is_rocm_platform
 
     if bool(is_rocm_platform()) == rocm:
@@ -193,6 +197,7 @@ def flash_kernel_fallback(rocm: bool) -> dict[str, str]:
 
 def flash_kernel_devices() -> dict[str, tuple[str, ...]]:
     """FLASH_ATTN_KERNEL_DEVICES: the devices each Hub flash kernel ships builds for (unlisted: everywhere)."""
+    # lazy: import nbhw and %load_ext nbhw stay free of transformers
     from transformers.modeling_flash_attention_utils import FLASH_ATTN_KERNEL_DEVICES
 
     return {k: tuple(v) for k, v in FLASH_ATTN_KERNEL_DEVICES.items()}
@@ -217,7 +222,9 @@ def model_kernel_layers(model_class: Any) -> list[str]:
 
 def hub_kernels_enabled() -> tuple[bool, str]:
     """transformers' USE_HUB_KERNELS switch as it read it at import, and the value it read."""
-    from transformers.integrations import hub_kernels
+    from transformers.integrations import hub_kernels  # lazy: import nbhw and %load_ext nbhw stay free of transformers
+
+    # lazy: import nbhw and %load_ext nbhw stay free of transformers
     from transformers.utils import ENV_VARS_TRUE_VALUES
 
     value = str(getattr(hub_kernels, "_TRANSFORMERS_USE_HUB_KERNELS", "YES"))

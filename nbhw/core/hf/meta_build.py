@@ -42,7 +42,7 @@ GENERATIVE = {
 
 def auto_class_name(config: Any) -> str:
     """The Auto class a user would load this config with: by its architecture, else by model type; AutoModel last."""
-    from transformers.models.auto import modeling_auto
+    from transformers.models.auto import modeling_auto  # lazy: import nbhw and %load_ext nbhw stay free of transformers
 
     archs = list(getattr(config, "architectures", None) or [])
     model_type = getattr(config, "model_type", None)
@@ -58,7 +58,7 @@ def auto_class_name(config: Any) -> str:
 
 def model_class(config: Any, auto_name: str | None = None) -> Any:
     """The concrete model class (e.g. Qwen3ForCausalLM) the Auto class maps this config to."""
-    import transformers
+    import transformers  # lazy: import nbhw and %load_ext nbhw stay free of transformers
 
     auto = getattr(transformers, auto_name or auto_class_name(config))
     return auto._model_mapping[type(config)]
@@ -66,7 +66,7 @@ def model_class(config: Any, auto_name: str | None = None) -> Any:
 
 def kernels_status() -> tuple[bool, str]:
     """Whether transformers can use Hub kernels here, and a one-line why (version range from transformers)."""
-    from transformers.utils import import_utils
+    from transformers.utils import import_utils  # lazy: import nbhw and %load_ext nbhw stay free of transformers
 
     low, high = import_utils.KERNELS_MIN_VERSION, import_utils.KERNELS_MAX_VERSION
     if importlib.util.find_spec("kernels") is None:
@@ -79,13 +79,14 @@ def kernels_status() -> tuple[bool, str]:
 
 def is_hub_kernel(attn_implementation: str | None) -> bool:
     """Whether the value names a Hub kernel repo ("org/repo[@rev][:func]"), by transformers' own rule."""
-    from transformers.integrations import hub_kernels
+    from transformers.integrations import hub_kernels  # lazy: import nbhw and %load_ext nbhw stay free of transformers
 
     return bool(hub_kernels.is_kernel(attn_implementation))
 
 
 def flash_package_installed(version: int) -> bool:
     """Whether the flash-attention package for FA2/3/4 is installed, by transformers' compatibility matrix."""
+    # lazy: import nbhw and %load_ext nbhw stay free of transformers
     from transformers.modeling_flash_attention_utils import FLASH_ATTENTION_COMPATIBILITY_MATRIX
 
     entry = FLASH_ATTENTION_COMPATIBILITY_MATRIX.get(version)
@@ -166,7 +167,7 @@ class MetaBuild:
 
 
 def _dtype(dtype: Any) -> Any:
-    import torch
+    import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
 
     if dtype is None or dtype == "auto" or not isinstance(dtype, str):
         return dtype
@@ -179,8 +180,8 @@ def build(
     """Instantiate ``config`` on the meta device with these options; never downloads, never raises."""
     import copy
 
-    import torch
-    import transformers
+    import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
+    import transformers  # lazy: import nbhw and %load_ext nbhw stay free of transformers
 
     auto = getattr(transformers, auto_name or auto_class_name(config))
     kwargs: dict[str, Any] = {}

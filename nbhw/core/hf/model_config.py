@@ -76,7 +76,7 @@ def kind(model: str) -> str:
 
 
 def _from_pretrained(where: str, **kwargs: Any) -> Any:
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # lazy: import nbhw and %load_ext nbhw stay free of transformers
 
     # Quiet: transformers logs about odd configs (an unknown rope type) from whichever thread reads them, the
     # panel's worker included; what matters comes back as the problem or the dry run.

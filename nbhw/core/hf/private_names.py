@@ -52,71 +52,35 @@ CUDA_BUILD = "a CUDA build of torch"
 
 
 TORCH = "2.13.0"
-TRANSFORMERS = "5.24.0"
+TF = "transformers"
+TF_V = "5.24.0"
 ACCELERATE = "1.15.0"
 
 PRIVATE_NAMES: tuple[PrivateName, ...] = (
     # torch: what the build supports, read without creating a CUDA context
-    _n("torch._C", "_cuda_getArchFlags", "call", TORCH, "the CUDA architectures of this build", only=CUDA_BUILD),
-    _n(
-        "torch._C",
-        "_cudnn",
-        "call",
-        TORCH,
-        "cuDNN's version, without cudnn.version()'s per-GPU checks",
-        only=CUDA_BUILD,
-    ),
-    _n("torch.cuda", "_parse_visible_devices", "call", TORCH, "CUDA_VISIBLE_DEVICES as torch itself parses it"),
+    _n("torch._C", "_cuda_getArchFlags", "call", TORCH, "the CUDA archs of this build", only=CUDA_BUILD),
+    _n("torch._C", "_cudnn", "call", TORCH, "cuDNN's version without per-GPU checks", only=CUDA_BUILD),
+    _n("torch.cuda", "_parse_visible_devices", "call", TORCH, "CUDA_VISIBLE_DEVICES as torch parses it"),
     _n("torch.cuda", "_transform_uuid_to_ordinals", "call", TORCH, "GPU-UUID entries of CUDA_VISIBLE_DEVICES"),
     _n("torch.xpu", "_is_compiled", "call", TORCH, "whether this torch was built with XPU support"),
     # transformers: the decisions from_pretrained makes, asked of transformers itself
-    _n("transformers.integrations.accelerate", "_get_device_map", "call", TRANSFORMERS, "device_map='auto' & co."),
-    _n(
-        "transformers.integrations.accelerate",
-        "accelerate_max_memory",
-        "patch",
-        TRANSFORMERS,
-        "planning with NVML's free memory instead of accelerate's probe, which creates CUDA contexts",
-    ),
-    _n(
-        "transformers.integrations.hub_kernels",
-        "_build_kernel_mapping",
-        "source",
-        TRANSFORMERS,
-        "the default use_kernels mapping, defined only when kernels is installed",
-    ),
-    _n("transformers.integrations.hub_kernels", "_TRANSFORMERS_USE_HUB_KERNELS", "read", TRANSFORMERS, "the switch"),
-    _n(
-        "transformers.models.auto.auto_factory",
-        "_BaseAutoModelClass._model_mapping",
-        "read",
-        TRANSFORMERS,
-        "the concrete class an Auto class maps a config to",
-    ),
-    _n("transformers", "PreTrainedModel._supports_sdpa", "flag", TRANSFORMERS, "class supports sdpa"),
-    _n("transformers", "PreTrainedModel._supports_flash_attn", "flag", TRANSFORMERS, "class supports flash attention"),
-    _n("transformers", "PreTrainedModel._supports_flex_attn", "flag", TRANSFORMERS, "class supports flex_attention"),
-    _n(
-        "transformers",
-        "PreTrainedModel._compatible_flash_implementations",
-        "flag",
-        TRANSFORMERS,
-        "the flash implementations a class switches to",
-    ),
-    _n("transformers", "PreTrainedModel._no_split_modules", "flag", TRANSFORMERS, "what 'a layer' is for placement"),
-    _n("transformers", "PreTrainedModel._keep_in_fp32_modules", "flag", TRANSFORMERS, "modules kept in float32"),
-    _n("transformers", "PretrainedConfig._attn_implementation", "read", TRANSFORMERS, "attention a build resolved to"),
-    _n(
-        "transformers.training_args",
-        "TrainingArguments._setup_devices",
-        "source",
-        TRANSFORMERS,
-        "the device order TrainingArguments tries",
-    ),
-    _n("transformers.pipelines.base", "Pipeline.__init__", "source", TRANSFORMERS, "the device order pipeline() tries"),
-    _n("transformers.utils.import_utils", "KERNELS_MIN_VERSION", "read", TRANSFORMERS, "kernels range accepted"),
-    _n("transformers.utils.import_utils", "KERNELS_MAX_VERSION", "read", TRANSFORMERS, "kernels range accepted"),
-    _n("transformers.utils.import_utils", "BITSANDBYTES_MIN_VERSION", "read", TRANSFORMERS, "bitsandbytes accepted"),
+    _n(f"{TF}.integrations.accelerate", "_get_device_map", "call", TF_V, "device_map='auto' and the strategies"),
+    _n(f"{TF}.integrations.accelerate", "accelerate_max_memory", "patch", TF_V, "NVML's free memory, no context"),
+    _n(f"{TF}.integrations.hub_kernels", "_build_kernel_mapping", "source", TF_V, "use_kernels' default mapping"),
+    _n(f"{TF}.integrations.hub_kernels", "_TRANSFORMERS_USE_HUB_KERNELS", "read", TF_V, "USE_HUB_KERNELS"),
+    _n(f"{TF}.models.auto.auto_factory", "_BaseAutoModelClass._model_mapping", "read", TF_V, "Auto class to class"),
+    _n(TF, "PreTrainedModel._supports_sdpa", "flag", TF_V, "the class supports sdpa"),
+    _n(TF, "PreTrainedModel._supports_flash_attn", "flag", TF_V, "the class supports flash attention"),
+    _n(TF, "PreTrainedModel._supports_flex_attn", "flag", TF_V, "the class supports flex_attention"),
+    _n(TF, "PreTrainedModel._compatible_flash_implementations", "flag", TF_V, "flash implementations it switches to"),
+    _n(TF, "PreTrainedModel._no_split_modules", "flag", TF_V, "what 'a layer' is for placement"),
+    _n(TF, "PreTrainedModel._keep_in_fp32_modules", "flag", TF_V, "modules kept in float32"),
+    _n(TF, "PretrainedConfig._attn_implementation", "read", TF_V, "the attention a build resolved to"),
+    _n(f"{TF}.training_args", "TrainingArguments._setup_devices", "source", TF_V, "TrainingArguments' device order"),
+    _n(f"{TF}.pipelines.base", "Pipeline.__init__", "source", TF_V, "pipeline()'s device order"),
+    _n(f"{TF}.utils.import_utils", "KERNELS_MIN_VERSION", "read", TF_V, "the kernels versions accepted"),
+    _n(f"{TF}.utils.import_utils", "KERNELS_MAX_VERSION", "read", TF_V, "the kernels versions accepted"),
+    _n(f"{TF}.utils.import_utils", "BITSANDBYTES_MIN_VERSION", "read", TF_V, "the bitsandbytes versions accepted"),
     # accelerate
     _n("accelerate.state", "PartialState._prepare_backend", "source", ACCELERATE, "the distributed backend chosen"),
     _n("accelerate.state", "PartialState.default_device", "source", ACCELERATE, "the device Accelerator() picks"),

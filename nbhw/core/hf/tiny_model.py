@@ -59,7 +59,7 @@ def _corpus() -> list[str]:
 
 def tiny_config(vocab_size: int = 300, eos: int = 1) -> Any:
     """The tiny Qwen3's config (in memory, nothing written): also the reference class for hardware-only advice."""
-    from transformers import Qwen3Config
+    from transformers import Qwen3Config  # lazy: import nbhw and %load_ext nbhw stay free of transformers
 
     return Qwen3Config(
         vocab_size=vocab_size,
@@ -80,8 +80,12 @@ def tiny_config(vocab_size: int = 300, eos: int = 1) -> Any:
 
 def build(path: Path) -> Path:
     """Write the tiny model (tokenizer + random weights) into ``path``; returns ``path``."""
-    import torch
+    import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
+
+    # lazy: import nbhw and %load_ext nbhw stay free of tokenizers
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    # lazy: import nbhw and %load_ext nbhw stay free of transformers
     from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -90,7 +94,7 @@ def build(path: Path) -> Path:
         vocab_size=300, special_tokens=["<unk>", "<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
     tok.train_from_iterator(_corpus(), trainer)
-    from tokenizers import decoders
+    from tokenizers import decoders  # lazy: import nbhw and %load_ext nbhw stay free of tokenizers
 
     tok.decoder = decoders.ByteLevel()
     tokenizer = PreTrainedTokenizerFast(

@@ -35,6 +35,7 @@ MemoryKey = int | str
 @lru_cache(maxsize=1)
 def strategy_names() -> tuple[str, ...]:
     """The device_map strings transformers computes a map for, read from its own error message."""
+    # lazy: import nbhw and %load_ext nbhw stay free of transformers
     from transformers.integrations.accelerate import check_and_set_device_map
 
     try:
@@ -51,7 +52,7 @@ def _valid_device_maps() -> str:
 
 def _torch_device(text: str) -> str:
     """A device string as torch parses it ('cuda' stays 'cuda'); UserError when torch knows no such device."""
-    import torch
+    import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
 
     try:
         return str(torch.device(text))
@@ -66,6 +67,7 @@ def _torch_device(text: str) -> str:
 
 def _is_strategy(text: str) -> bool:
     """Whether transformers treats this string as a strategy (auto, balanced, ...) rather than a device."""
+    # lazy: import nbhw and %load_ext nbhw stay free of transformers
     from transformers.integrations.accelerate import check_and_set_device_map
 
     try:
@@ -75,7 +77,7 @@ def _is_strategy(text: str) -> bool:
 
 
 def _dict_value(module: str, value: Any) -> int | str:
-    import torch
+    import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
 
     if isinstance(value, bool):
         raise UserError(
@@ -94,7 +96,7 @@ def _dict_value(module: str, value: Any) -> int | str:
 
 def check_device_map(value: Any) -> DeviceMap:
     """Normalise a device_map the way transformers' check_and_set_device_map reads it; UserError when it can't."""
-    import torch
+    import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
 
     if value is None:
         return None
@@ -146,6 +148,7 @@ def check_attn(value: Any) -> str | None:
     """An attn_implementation transformers knows: its registered keys, paged|key, or a Hub kernel 'org/repo'."""
     if value is None:
         return None
+    # lazy: import nbhw and %load_ext nbhw stay free of transformers
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     keys = ["eager", *sorted(set(ALL_ATTENTION_FUNCTIONS.valid_keys()) - {"eager"})]
@@ -166,6 +169,7 @@ def check_quantization(value: Any) -> str | None:
 
 def size_bytes(size: int | str) -> int:
     """A size as accelerate's convert_file_size_to_int reads it ('70GiB', '500MB', or bytes as an int)."""
+    # lazy: import nbhw and %load_ext nbhw stay free of accelerate
     from accelerate.utils import convert_file_size_to_int
 
     if isinstance(size, bool) or not isinstance(size, int | str):
@@ -187,7 +191,7 @@ def size_bytes(size: int | str) -> int:
 @lru_cache(maxsize=1)
 def _memory_device_names() -> tuple[str, ...]:
     """The non-GPU max_memory keys accelerate accepts, read from its own error message."""
-    from accelerate.utils import get_max_memory
+    from accelerate.utils import get_max_memory  # lazy: import nbhw and %load_ext nbhw stay free of accelerate
 
     try:
         get_max_memory({"nbhw: not a device": 0})

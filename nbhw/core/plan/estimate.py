@@ -97,7 +97,7 @@ class Estimate:
 
 
 def _element_size(dtype: str) -> int:
-    import torch
+    import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
 
     return int(getattr(torch, dtype).itemsize)
 
@@ -113,7 +113,10 @@ def _head_dims(layer_config: Any, num_kv_heads: int, head_dim: int) -> int:
 
 def kv_layers(config: Any, dtype: str) -> tuple[list[KvLayer], str | None]:
     """Each decoder layer's KV cache, by the rules transformers' DynamicCache uses; a note when something is off."""
+    # lazy: import nbhw and %load_ext nbhw stay free of transformers
     from transformers.cache_utils import get_layer_types_and_kwargs
+
+    # lazy: import nbhw and %load_ext nbhw stay free of transformers
     from transformers.configuration_utils import get_head_shapes
 
     try:
@@ -154,6 +157,7 @@ def kv_layers(config: Any, dtype: str) -> tuple[list[KvLayer], str | None]:
 
 def training_usage(parameters: int, dtype: str) -> tuple[dict[str, int], str]:
     """accelerate's Adam estimate for full fine-tuning in mixed precision, from the float32 size of the weights."""
+    # lazy: import nbhw and %load_ext nbhw stay free of accelerate
     from accelerate.commands.estimate import estimate_training_usage
 
     precision = "float16" if dtype == "float16" else "bfloat16"
@@ -179,7 +183,10 @@ def estimate(
     generative: bool = True,
 ) -> Estimate:
     """The estimate for a meta-device ``model`` built in ``dtype`` (``quantizer``: transformers' sizes per weight)."""
+    # lazy: import nbhw and %load_ext nbhw stay free of accelerate
     from accelerate.utils.modeling import get_max_layer_size
+
+    # lazy: import nbhw and %load_ext nbhw stay free of transformers
     from transformers.integrations.accelerate import compute_module_sizes
 
     sizes, _ = compute_module_sizes(model, quantizer)

@@ -267,6 +267,7 @@ def bitsandbytes_here() -> tuple[bool, str]:
             "4-bit / 8-bit need bitsandbytes>="
             f"{import_utils.BITSANDBYTES_MIN_VERSION}, which is not installed here (pip install -U bitsandbytes)"
         )
+    # lazy: import nbhw and %load_ext nbhw stay free of transformers
     from transformers.integrations import validate_bnb_backend_availability
 
     try:

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import copy
 import re
-import threading
-from collections import OrderedDict
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from nbhw.core import argument, render
+from nbhw.core.cache import Recent
 from nbhw.core.hardware import backends, presence
 from nbhw.core.hardware.data import BackendStatus
 from nbhw.core.hardware.who_picks import from_pretrained_default
@@ -28,9 +27,8 @@ from nbhw.core.plan.placement import LiveMemory, Placement, live_memory, place
 from nbhw.core.plan.quantized_sizes import PlanningQuantizer
 from nbhw.core.render import Shown
 
-_BUILDS: OrderedDict[tuple[str, str, str, str | None], meta_build.MetaBuild] = OrderedDict()
-_BUILDS_LOCK = threading.Lock()
 BUILD_CACHE_SIZE = 6
+_BUILDS: Recent[meta_build.MetaBuild] = Recent(BUILD_CACHE_SIZE)
 FALLBACK_AUTO_CLASS = "AutoModelForCausalLM"
 
 
@@ -41,22 +39,14 @@ def _config_key(config: Any) -> str:
 def cached_build(config: Any, auto_name: str, dtype: str, attn: str | None) -> meta_build.MetaBuild:
     """A meta build, shared by every plan with the same config, class, dtype and attention (the model is read-only)."""
     key = (_config_key(config), auto_name, dtype, attn)
-    with _BUILDS_LOCK:
-        if key in _BUILDS:
-            _BUILDS.move_to_end(key)
-            return _BUILDS[key]
-    built = meta_build.build(config, dtype=dtype, attn_implementation=attn, auto_name=auto_name)
-    with _BUILDS_LOCK:
-        _BUILDS[key] = built
-        while len(_BUILDS) > BUILD_CACHE_SIZE:
-            _BUILDS.popitem(last=False)
-    return built
+    return _BUILDS.get(
+        key, lambda: meta_build.build(config, dtype=dtype, attn_implementation=attn, auto_name=auto_name)
+    )
 
 
 def clear_cache() -> None:
     """Forget the cached meta builds."""
-    with _BUILDS_LOCK:
-        _BUILDS.clear()
+    _BUILDS.clear()
 
 
 def _weights_file(model: str, source: str | None) -> str | None:
@@ -89,6 +79,7 @@ def weights_dtype(model: str, source: str | None) -> str | None:
     path = _weights_file(model, source)
     if path is None:
         return None
+    # lazy: import nbhw and %load_ext nbhw stay free of transformers
     from transformers.modeling_utils import get_state_dict_dtype, load_state_dict
 
     try:
@@ -267,8 +258,12 @@ class LoadPlan(Shown):
         prequantized = getattr(self.config.config, "quantization_config", None) is not None
         if self.args.quantization is None and not prequantized:
             return []
-        from transformers import BitsAndBytesConfig
+        from transformers import BitsAndBytesConfig  # lazy: import nbhw and %load_ext nbhw stay free of transformers
+
+        # lazy: import nbhw and %load_ext nbhw stay free of transformers
         from transformers.integrations.accelerate import check_and_set_device_map
+
+        # lazy: import nbhw and %load_ext nbhw stay free of transformers
         from transformers.quantizers.auto import get_hf_quantizer
 
         asked = None
@@ -291,6 +286,7 @@ class LoadPlan(Shown):
         m = re.fullmatch(r"flash_attention_(\d)", impl)
         if m is None or not meta_build.flash_package_installed(int(m.group(1))):
             return []
+        # lazy: import nbhw and %load_ext nbhw stay free of transformers
         from transformers.modeling_flash_attention_utils import FLASH_ATTENTION_COMPATIBILITY_MATRIX
 
         entry = FLASH_ATTENTION_COMPATIBILITY_MATRIX.get(int(m.group(1)), {})

@@ -108,6 +108,7 @@ def live_memory(rows: list[BackendStatus] | None = None) -> LiveMemory:
 @contextlib.contextmanager
 def _budget(live: LiveMemory) -> Iterator[bool]:
     """Make transformers' device_map code read ``live`` where it would call accelerate's get_max_memory()."""
+    # lazy: import nbhw and %load_ext nbhw stay free of transformers
     from transformers.integrations import accelerate as hf_accelerate
 
     original = getattr(hf_accelerate, "accelerate_max_memory", None)
@@ -130,6 +131,7 @@ def computed_map(
     model: Any, strategy: str, max_memory: dict[Any, Any] | None, quantizer: Any, live: LiveMemory | None
 ) -> dict[str, Any]:
     """transformers' own device_map for a strategy; ``live`` stands in for accelerate's free-memory probe."""
+    # lazy: import nbhw and %load_ext nbhw stay free of transformers
     from transformers.integrations.accelerate import _get_device_map
 
     with meta_build.quiet():
@@ -157,6 +159,7 @@ def _shares(
     model: Any, device_map: dict[str, Any], quantizer: Any, accelerator: str | None
 ) -> tuple[list[DeviceShare], int]:
     """Per device: entries, bytes, layers (by transformers' own expansion of the map to every tensor)."""
+    # lazy: import nbhw and %load_ext nbhw stay free of transformers
     from transformers.integrations.accelerate import compute_module_sizes, expand_device_map
 
     sizes, _ = compute_module_sizes(model, quantizer, only_modules=False)

@@ -16,7 +16,9 @@ class PlanningQuantizer:
     """
 
     def __init__(self, quantization: str) -> None:
-        from transformers import BitsAndBytesConfig
+        from transformers import BitsAndBytesConfig  # lazy: import nbhw and %load_ext nbhw stay free of transformers
+
+        # lazy: import nbhw and %load_ext nbhw stay free of transformers
         from transformers.quantizers.auto import AutoHfQuantizer
 
         self.real = AutoHfQuantizer.from_config(
@@ -29,8 +31,10 @@ class PlanningQuantizer:
         return getattr(self.real, name)
 
     def param_needs_quantization(self, model: Any, param_name: str, **kwargs: Any) -> bool:
-        import torch
-        from transformers.pytorch_utils import Conv1D
+        import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
+        from transformers.pytorch_utils import Conv1D  # lazy: import nbhw and %load_ext nbhw stay free of transformers
+
+        # lazy: import nbhw and %load_ext nbhw stay free of transformers
         from transformers.quantizers.quantizers_utils import should_convert_module
 
         module_name, _, leaf = param_name.rpartition(".")

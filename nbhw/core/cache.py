@@ -1,0 +1,37 @@
+"""A small thread-safe cache of the newest results, for work that is slow and asked again (meta builds, choices)."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class Recent(Generic[T]):
+    """The ``size`` most recently used results by key. Two threads asking for one key may both compute it."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[Hashable, T] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, compute: Callable[[], T]) -> T:
+        """The result for ``key``: the kept one, or ``compute()`` now (outside the lock: it may be slow)."""
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        found = compute()
+        with self._lock:
+            self._items[key] = found
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        return found
+
+    def clear(self) -> None:
+        """Forget every result."""
+        with self._lock:
+            self._items.clear()
