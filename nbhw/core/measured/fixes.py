@@ -16,7 +16,7 @@ from nbhw.core.memory.out_of_memory import FailedAllocation
 
 RUN_PLANNER_PENDING = (
     "a shorter context or batch, offloading, quantization, gradient checkpointing: not projected yet "
-    "(the run planner does not answer for a failed cell in this version)"
+    "(needs the run planner, not in this version)"
 )
 
 

@@ -21,7 +21,6 @@ from nbhw.core.memory.allocator import DeviceMemory, TorchMemory
 from nbhw.core.memory.holders import (
     OUTPUT_NAME,
     OWN_MODULES,
-    SESSION_NAMES,
     Holders,
     Internal,
     errors_of,
@@ -162,19 +161,20 @@ def free(
 
 def _check_names(namespace: Mapping[str, Any], names: Sequence[str], before: Holders) -> None:
     """Every name is checked before anything is deleted: one mistake, nothing done."""
-    variables = sorted(n for n in namespace if not (n in SESSION_NAMES or n.startswith("_")))
     for name in names:
         if OUTPUT_NAME.match(name):
             raise UserError(f"{name!r} is output history, not a variable; free it with history=True")
         if name not in namespace:
-            hint = ", ".join(_close(name, variables)) or ", ".join(variables[:8]) or "none"
-            raise UserError(f"unknown variable {name!r}; variables: {hint}")
+            raise UserError(f"unknown variable {name!r}; variables holding tensors: {_hint(name, before)}")
         if not any(name in (h.name, h.of) for h in before.holders):
             raise UserError(f"{name!r} holds no tensor ({type(namespace[name]).__name__}); nothing to free")
 
 
-def _close(name: str, variables: Sequence[str]) -> list[str]:
-    return difflib.get_close_matches(name, variables, n=3)
+def _hint(name: str, before: Holders) -> str:
+    """The variables that hold tensors, the closest to a mistyped name first."""
+    holding = sorted({h.name for h in before.holders if h.kind == "variable" and h.name})
+    close = difflib.get_close_matches(name, holding, n=3)
+    return ", ".join([*close, *(n for n in holding if n not in close)][:8]) or "none"
 
 
 def _chosen(before: Holders, names: Sequence[str], history: bool, traceback: bool) -> set[int]:
