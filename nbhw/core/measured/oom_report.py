@@ -57,9 +57,12 @@ class OutOfMemory(Shown):
 
     def _headline(self) -> str:
         f = self.failed
-        tried = (
-            f"{f.printed} ({f.nbytes:,} bytes{'' if f.exact else ', as printed'})" if f.nbytes else "of unknown size"
-        )
+        if f.nbytes is None:
+            tried = "of unknown size"
+        elif f.exact:
+            tried = f"{size(f.nbytes)} ({f.nbytes:,} bytes)"
+        else:  # two decimals of the allocator's (rounded) size: within 0.5 % of the figure it printed
+            tried = f"{f.printed} ({f.nbytes:,} bytes, as printed)"
         return f"nbhw: out of memory on {f.device or 'an unknown device'}: the failed allocation was {tried}"
 
     def _held_lines(self) -> list[str]:
