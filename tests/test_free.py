@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from typing import Any
@@ -193,3 +194,18 @@ def test_names_that_are_not_strings_are_a_one_line_error(shell: Any) -> None:
     with pytest.raises(UserError, match=r"^names must be variable names \(strings\), not \[1\]$"):
         nbhw.free(names=[1])  # type: ignore[list-item]
     assert "keep" in shell.user_ns
+
+
+def test_garbage_in_reference_cycles_is_given_back_first_and_counted_apart(shell: Any, gpu: FakeDevice) -> None:
+    run(shell, "class Node:\n    pass\nwith gpu:\n    chosen = torch.zeros(100)\n    lost = torch.zeros(1000)")
+    enabled = gc.isenabled()
+    gc.disable()  # so that the cycle is still garbage when free runs
+    try:
+        run(shell, "cycle = Node()\ncycle.me = cycle\ncycle.t = lost\ndel cycle, lost")
+        result, cpu = freed(shell, gpu, "chosen")
+    finally:
+        if enabled:
+            gc.enable()
+    assert (cpu.expected, cpu.measured) == (400, 400)
+    assert result.garbage == {"cpu": 4000}
+    assert "first, gc.collect() gave back 3.9 KiB on cpu that nothing held" in result.text()

@@ -9,11 +9,12 @@ is measured afterwards, by the allocator's counter where the device keeps one, e
 from __future__ import annotations
 
 import difflib
+import functools
 import gc
 import sys
 import traceback as tb_module
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nbhw.core.errors import UserError
@@ -51,6 +52,14 @@ class Freed(Shown):
     devices: tuple[DeviceFreed, ...]
     kept: tuple[str, ...]
     after: Holders
+    garbage: Mapping[str, int] = field(default_factory=dict)  # device -> bytes gc.collect() gave back first
+
+    def garbage_line(self) -> str | None:
+        """What the first gc.collect() gave back, before anything chosen was done (None: nothing measured)."""
+        found = [f"{size(n)} on {d}" for d, n in self.garbage.items() if n > 0]
+        if not found:
+            return None
+        return f"first, gc.collect() gave back {', '.join(found)} that nothing held (tensors in reference cycles)"
 
     def rows(self) -> list[list[str]]:
         """One row per device: expected back, came back, measured by, cache released (of what it could)."""
@@ -70,6 +79,7 @@ class Freed(Shown):
             "done": list(self.done),
             "devices": [vars(d) for d in self.devices],
             "kept": list(self.kept),
+            "garbage": dict(self.garbage),
         }
 
     def text(self) -> str:
@@ -77,13 +87,16 @@ class Freed(Shown):
         if self.devices:
             lines.append(text_table(FREED_HEADERS, self.rows(), indent="  "))
         lines += [f"  kept: {k}" for k in self.kept]
-        return "\n".join(lines)
+        garbage = self.garbage_line()
+        return "\n".join(lines + ([f"  {garbage}"] if garbage else []))
 
     def html(self) -> str:
         parts = [f"<p class='nbhw-freed-done'>nbhw free: {esc('; '.join(self.done))}</p>"]
         if self.devices:
             parts.append(html_table(FREED_HEADERS, self.rows(), css_class="nbhw-table nbhw-freed"))
         parts += [f"<p class='warn'>kept: {esc(k)}</p>" for k in self.kept]
+        garbage = self.garbage_line()
+        parts += [f"<p class='src'>{esc(garbage)}</p>"] if garbage else []
         return f"{STYLE}<div class='nbhw'>{''.join(parts)}</div>"
 
 
@@ -114,49 +127,39 @@ def free(
     if not (names or history or traceback or cache):
         raise UserError("nothing to free: name variables, or choose history, traceback or cache")
     memory = memory if memory is not None else TorchMemory()
-
-    def walk() -> Holders:
-        return holders(
-            namespace,
-            outputs=outputs,
-            error=error,
-            internals=internals,
-            ignore=ignore,
-            memory=memory,
-            own_modules=own_modules,
-        )
-
+    walk = functools.partial(
+        holders, namespace, outputs=outputs, error=error, internals=internals, ignore=ignore, memory=memory,
+        own_modules=own_modules,
+    )  # fmt: skip
+    # Garbage first: tensors in reference cycles nothing holds (an old traceback with the ExecutionResult that held
+    # it) are given back by any gc.collect(); counted apart, so "came back" is what the choice itself returned.
+    garbage = _collect_garbage(memory)
     before = walk()
     _check_names(namespace, names, before)
     chosen = _chosen(before, names, history, traceback)
-    expected = before.freed_if(chosen)
     allocated = {d.device: d.allocated for d in before.devices}
     done = _delete(namespace, names)
     if history:
         done.append(_clear_history(namespace, outputs, internals))
     if traceback:
         done.append(_clear_traceback(error, internals))
-    gc.collect()  # tensors in reference cycles (a model and its hooks) come back only now
-    reserved_before = {d: memory.reserved(d) for d in allocated}
+    gc.collect()  # what the choice left in reference cycles (a model and its hooks) comes back only now
+    reserved = {d: memory.reserved(d) for d in allocated}
     if cache:
         emptied = [d for d in allocated if memory.empty_cache(d)]
         done.append(f"emptied the allocator cache on {', '.join(emptied)}" if emptied else "no device keeps a cache")
     after = walk()
-    devices = tuple(
-        _device_freed(
-            d,
-            before=before,
-            after=after,
-            expected=expected,
-            allocated=allocated,
-            reserved_before=reserved_before,
-            memory=memory,
-            cache=cache,
-        )
-        for d in allocated
-    )
+    was = _Before(before, before.freed_if(chosen), allocated, reserved)
+    devices = tuple(_device_freed(d, was, after, memory=memory, cache=cache) for d in allocated)
     kept = tuple(_kept(before, {before.holders[i].label for i in chosen}))
-    return Freed(tuple(done), devices, kept, after)
+    return Freed(tuple(done), devices, kept, after, garbage)
+
+
+def _collect_garbage(memory: DeviceMemory) -> dict[str, int]:
+    """gc.collect(), and what it gave back on each device whose allocator keeps a counter."""
+    counted = {d: memory.allocated(d) for d in memory.devices()}
+    gc.collect()
+    return {d: was - (memory.allocated(d) or 0) for d, was in counted.items() if was is not None}
 
 
 def _check_names(namespace: Mapping[str, Any], names: Sequence[str], before: Holders) -> None:
@@ -229,29 +232,28 @@ def _clear_traceback(error: BaseException | None, internals: Sequence[Internal])
     return f"cleared the last error's traceback ({len(frames)} frames)" if errors else "there was no last error"
 
 
-def _device_freed(
-    device: str,
-    *,
-    before: Holders,
-    after: Holders,
-    expected: Mapping[str, int],
-    allocated: Mapping[str, int | None],
-    reserved_before: Mapping[str, int | None],
-    memory: DeviceMemory,
-    cache: bool,
-) -> DeviceFreed:
-    was = allocated.get(device)
-    now = memory.allocated(device)
-    if was is not None and now is not None:
-        measured, how = was - now, "allocator"
+@dataclass(frozen=True)
+class _Before:
+    """What free knew before doing anything: the attribution, its expectation, the allocator's figures."""
+
+    holders: Holders
+    expected: Mapping[str, int]
+    allocated: Mapping[str, int | None]
+    reserved: Mapping[str, int | None]  # after the choice, before empty_cache()
+
+
+def _device_freed(device: str, was: _Before, after: Holders, *, memory: DeviceMemory, cache: bool) -> DeviceFreed:
+    before, now = was.allocated.get(device), memory.allocated(device)
+    if before is not None and now is not None:
+        measured, how = before - now, "allocator"
     else:
         tensors_after = next((d.tensors for d in after.devices if d.device == device), 0)
-        measured, how = before.device(device).tensors - tensors_after, "tensors"
+        measured, how = was.holders.device(device).tensors - tensors_after, "tensors"
     cache_expected = cache_measured = None
-    reserved_was, reserved_now = reserved_before.get(device), memory.reserved(device)
+    reserved_was, reserved_now = was.reserved.get(device), memory.reserved(device)
     if cache and reserved_was is not None and reserved_now is not None and now is not None:
         cache_expected, cache_measured = reserved_was - now, reserved_was - reserved_now
-    return DeviceFreed(device, expected.get(device, 0), measured, how, cache_expected, cache_measured)
+    return DeviceFreed(device, was.expected.get(device, 0), measured, how, cache_expected, cache_measured)
 
 
 def _kept(before: Holders, chosen: set[str]) -> Iterator[str]:
