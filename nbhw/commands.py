@@ -154,7 +154,7 @@ def parser(surface: Surface) -> Parser:
     for command in COMMANDS:
         p = sub.add_parser(
             command.name, aliases=list(command.aliases), help=_help(command.help_on(surface)),
-            description=_help(command.help_on(surface)),
+            description=command.help_on(surface),  # not %-formatted by argparse, unlike help
             add_help=not magic, formatter_class=_formatter,
         )  # fmt: skip
         for a in command.takes(surface):
