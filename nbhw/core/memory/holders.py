@@ -200,7 +200,7 @@ class Holders(Shown):
 
     def text(self) -> str:
         lines = [
-            f"nbhw holders: what keeps tensors alive ({self.seconds * 1000:.0f} ms, {self.visited} objects walked)"
+            f"nbhw holders: what keeps tensors alive ({self.seconds * 1000:.0f} ms, {self.visited:,} objects walked)"
         ]
         for d in self.devices:
             lines += ["", f"  {d.device}", text_table(HEADERS, _rows(d), indent="  "), "  " + _balance(d)]
@@ -210,7 +210,8 @@ class Holders(Shown):
         return "\n".join(lines)
 
     def html(self) -> str:
-        parts = [f"<h3>What keeps tensors alive</h3><p class='src'>{self.seconds * 1000:.0f} ms</p>"]
+        walked = f"{self.visited:,} objects walked in {self.seconds * 1000:.0f} ms"
+        parts = [f"<h3>What keeps tensors alive</h3><p class='src'>{walked}</p>"]
         for d in self.devices:
             parts += [f"<h3>{esc(d.device)}</h3>", html_table(HEADERS, _rows(d)), f"<p>{esc(_balance(d))}</p>"]
         parts += [f"<p class='warn'>note: {esc(n)}</p>" for n in self.notes]
