@@ -108,11 +108,11 @@ class Walker:
             return [k for part in _sparse_parts(tensor) for k in self.storage_keys(part)]
         nbytes = storage.nbytes()
         device = storage.device  # the storage's, not the tensor's: a FakeTensor says cuda and lives on meta
-        if nbytes == 0 or device.type == "meta":
-            return []
         name = self._device_names.get(device)
-        if name is None:
-            name = self._device_names[device] = str(device)
+        if name is None:  # once per device: reading device.type for every tensor costs more than the lookup
+            name = self._device_names[device] = "" if device.type == "meta" else str(device)
+        if nbytes == 0 or not name:
+            return []
         key = (name, storage.data_ptr())
         if nbytes > self.sizes.get(key, 0):
             self.sizes[key] = nbytes
@@ -206,13 +206,15 @@ class Walker:
 
     def _read_tensor(self, tensor: Any) -> tuple[list[Key], object | None, object | None]:
         """(its storages, its .grad, its grad_fn), read once per walk."""
+        grad_fn = tensor.grad_fn
         grad = None
-        if tensor.is_leaf or tensor.retains_grad:  # .grad of any other tensor is always None (and warns)
+        # A leaf is a tensor without grad_fn; .grad of any other tensor is None (and warns) unless it retains it.
+        if grad_fn is None or tensor.retains_grad:
             grad = tensor._grad
         keys = self._keys_of.get(id(tensor))
         if keys is None:
             keys = self._keys_of[id(tensor)] = self._read_keys(tensor)
-        return keys, grad, tensor.grad_fn
+        return keys, grad, grad_fn
 
     # -- autograd graphs
 
