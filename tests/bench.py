@@ -475,7 +475,9 @@ def main() -> int:
 
         figures = bh.measure(3 if args.quick else 7, env)
         print_table(
-            "What keeps tensors alive: median CPU ms (wall ms), a fresh process per case", bh.HEADERS, bh.rows(figures)
+            "What keeps tensors alive: median CPU ms (median wall ms) / least CPU ms, a fresh process per case",
+            bh.HEADERS,
+            bh.rows(figures),
         )
         for note in bh.notes(figures):
             print(f"  {note}")
