@@ -216,8 +216,8 @@ def notes(figures: list[dict[str, Any]]) -> list[str]:
         f"{train['traceback']:,} B (load {train['load']:.2f})",
         f"cell hook: {hook['no error']:.2f} µs after a cell without an error, {hook['a ValueError']:.2f} µs after a "
         "ValueError: nothing walked",
-        "load average and a 3M-iteration Python add loop (CPU ms; ~100 ms on an idle desktop) in the children: "
-        + ", ".join(f"{f['case']} {f['load']:.2f} / {f['calibration']:.0f} ms" for f in figures),
+        "load average and a 3M-iteration Python add loop in a function (CPU ms: run it elsewhere to scale) in the "
+        "children: " + ", ".join(f"{f['case']} {f['load']:.2f} / {f['calibration']:.0f} ms" for f in figures),
     ]
 
 
