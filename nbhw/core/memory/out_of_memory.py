@@ -15,21 +15,21 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+# The allocators' messages, as patterns: compiled by re on the first out-of-memory error (its cache keeps them), not
+# at import, which %load_ext pays for (eight compiles: most of this module's import time).
 # c10's format_size (CUDA, XPU, NPU: KiB/MiB/GiB; MPS: KB/MB/GB, also powers of 1024), or exact bytes.
 _UNITS = {"bytes": 1, "B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4}
 _UNITS |= {"KB": 1024, "MB": 1024**2, "GB": 1024**3, "TB": 1024**4}
 _SIZE = r"(\d+(?:\.\d+)?) ?(bytes|B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)\b"
-_TRIED = re.compile(r"[Tt]ried to allocate " + _SIZE)
-_CPU = re.compile(
-    r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory): you tried to allocate (\d+) bytes"
-)
+_TRIED = r"[Tt]ried to allocate " + _SIZE
+_CPU = r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory): you tried to allocate (\d+) bytes"
 # "CUDA out of memory" (HIP on ROCm builds; XPU, NPU, MLU and MUSA print the same shape), "MPS backend out of memory".
-_BACKEND = re.compile(r"\b(CUDA|HIP|XPU|NPU|MLU|MUSA|HPU|MTIA|MPS)\b(?: backend)?( error:)? out of memory")
-_GPU_INDEX = re.compile(r"\((?:GPU|NPU|MLU) (\d+);|\. (?:GPU|NPU) (\d+) has a total capacity")
-_CAPACITY = re.compile(r"total capacity of " + _SIZE + r"|; " + _SIZE + r" total capacity")
-_FREE = re.compile(r"of which " + _SIZE + r" is free|; " + _SIZE + r" free;")
-_BY_TORCH = re.compile(r"memory " + _SIZE + r" is allocated by PyTorch|" + _SIZE + r" already allocated")
-_UNUSED = re.compile(_SIZE + r" is reserved by PyTorch but unallocated")
+_BACKEND = r"\b(CUDA|HIP|XPU|NPU|MLU|MUSA|HPU|MTIA|MPS)\b(?: backend)?( error:)? out of memory"
+_GPU_INDEX = r"\((?:GPU|NPU|MLU) (\d+);|\. (?:GPU|NPU) (\d+) has a total capacity"
+_CAPACITY = r"total capacity of " + _SIZE + r"|; " + _SIZE + r" total capacity"
+_FREE = r"of which " + _SIZE + r" is free|; " + _SIZE + r" free;"
+_BY_TORCH = r"memory " + _SIZE + r" is allocated by PyTorch|" + _SIZE + r" already allocated"
+_UNUSED = _SIZE + r" is reserved by PyTorch but unallocated"
 _PHRASES = ("out of memory", "DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
 _DEVICE_TYPES = {"CUDA": "cuda", "HIP": "cuda", "XPU": "xpu", "NPU": "npu", "MLU": "mlu", "MUSA": "musa"}
 _DEVICE_TYPES |= {"HPU": "hpu", "MTIA": "mtia", "MPS": "mps"}
@@ -85,20 +85,20 @@ class FailedAllocation:
 def failed_allocation(exc: BaseException) -> FailedAllocation:
     """Read the failed allocation's size and device from the message."""
     message = str(exc)
-    cpu = _CPU.search(message)
+    cpu = re.search(_CPU, message)
     if cpu:
         return FailedAllocation("cpu", int(cpu.group(1)), f"{cpu.group(1)} bytes", True)
-    backend = _BACKEND.search(message)
+    backend = re.search(_BACKEND, message)
     device = None
     if backend:
         device = _DEVICE_TYPES[backend.group(1)]
-        index = _GPU_INDEX.search(message)
+        index = re.search(_GPU_INDEX, message)
         if index and device != "mps":
             device = f"{device}:{index.group(1) or index.group(2)}"
         # "CUDA error: out of memory" (torch.AcceleratorError, outside the caching allocator) names no device index.
         elif device != "mps" and not backend.group(2):
             device = f"{device}:0"
-    tried = _TRIED.search(message)
+    tried = re.search(_TRIED, message)
     return FailedAllocation(
         device,
         _bytes(tried.group(1), tried.group(2)) if tried else None,
@@ -115,8 +115,8 @@ def _bytes(number: str, unit: str) -> int:
     return round(float(number) * _UNITS[unit])
 
 
-def _first(pattern: re.Pattern[str], message: str) -> int | None:
-    found = pattern.search(message)
+def _first(pattern: str, message: str) -> int | None:
+    found = re.search(pattern, message)
     if not found:
         return None
     groups = [g for g in found.groups() if g is not None]
