@@ -6,6 +6,7 @@ words, so the failed device is the one the tensors live on; nbhw reads the fake'
 
 from __future__ import annotations
 
+import json
 import queue
 import time
 from collections.abc import Iterator
@@ -90,3 +91,54 @@ def test_holders_and_free_in_the_kernel(kernel: Kernel) -> None:
     [row] = [line.split() for line in text.splitlines() if line.strip().startswith("cpu ")]
     # 32,768 + 400 bytes, expected and measured; an older traceback in a reference cycle is given back apart, first.
     assert row[:5] == ["cpu", "32.4", "KiB", "32.4", "KiB"] and row[5] == "allocator", row
+
+
+EVERY_KIND = """
+import json
+from transformers import DynamicCache
+k_var = torch.zeros(100)
+k_list = [torch.zeros(10), torch.zeros(20)]
+k_dict = {"a": torch.zeros(5)}
+k_model = nn.Linear(4, 4, bias=False)
+k_opt = torch.optim.SGD(k_model.parameters(), momentum=0.9)
+k_model(torch.randn(2, 4)).sum().backward()
+k_opt.step()
+k_leaf = torch.randn(30, requires_grad=True)
+k_y = k_leaf.exp().sin()
+k_cache = DynamicCache()
+k_cache.update(torch.zeros(1, 1, 3, 8), torch.ones(1, 1, 3, 8), 0);
+def k_fail():
+    k_local = torch.zeros(40)
+    raise ValueError("boom")
+"""
+
+LABELS = """
+n = [k for k in Out if hasattr(Out[k], "numel") and Out[k].numel() == 50][-1]
+report = nbhw.holders()
+labels = {h.label: h.kind for h in report.holders}
+cpu = report.device("cpu")
+print(json.dumps({
+    "bytes": {name: report.held_by(name) for name in (
+        "k_var", "k_list", "k_dict", "k_opt", "autograd graph of k_y", "k_cache", "k_fail() › k_local")},
+    "output": report.held_by(f"Out[{n}]"),
+    "shared": next(g.nbytes for g in cpu.groups if sorted(h.label for h in g.holders) == ["k_model", "k_opt"]),
+    "kinds": [labels.get(name) for name in ("k_var", f"Out[{n}]", "k_fail() › k_local", "autograd graph of k_y")],
+    "balance": [cpu.attributed + cpu.unattributed, cpu.tensors],
+}))
+"""
+
+
+def test_every_kind_of_holder_in_the_kernel_gets_its_exact_bytes(kernel: Kernel) -> None:
+    assert not [m for m in execute(kernel, EVERY_KIND + "import nbhw") if m["msg_type"] == "error"]
+    execute(kernel, "torch.ones(50)")  # an output: Out[n], _n, _ and IPython's copies
+    execute(kernel, "k_fail()")  # the last error's frame keeps k_local
+    out = "".join(m["content"].get("text", "") for m in execute(kernel, LABELS) if m["msg_type"] == "stream")
+    found = json.loads(out)
+    bytes_ = found["bytes"]
+    assert (bytes_["k_var"], bytes_["k_list"], bytes_["k_dict"]) == (400, 120, 20)
+    assert bytes_["k_opt"] == 64  # the momentum buffer; weight and grad are the model's and the optimizer's
+    assert found["shared"] == 64 + 64
+    assert bytes_["autograd graph of k_y"] == 120 and bytes_["k_cache"] == 2 * 96
+    assert bytes_["k_fail() › k_local"] == 160 and found["output"] == 200
+    assert found["kinds"] == ["variable", "output", "traceback", "graph"]
+    assert found["balance"][0] == found["balance"][1]
