@@ -60,6 +60,12 @@ COMMANDS = (
         aliases=("plan",),
     ),
     Command("report", "environment report for bug reports", (JSON,)),
+    Command(
+        "doctor",
+        "pre-flight checks of the installed binaries: what will fail before memory, when, and the command "
+        "that fixes it",
+        (JSON,),
+    ),
 )
 BY_NAME = {name: c for c in COMMANDS for name in (c.name, *c.aliases)}
 NAMES = tuple(BY_NAME)  # every word that names a subcommand, in %hw and in the CLI alike

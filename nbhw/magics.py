@@ -18,6 +18,7 @@ from nbhw.core.advice.attention import advise
 from nbhw.core.argument import given
 from nbhw.core.errors import UserError
 from nbhw.core.hardware.detect import detect
+from nbhw.core.hardware.doctor import doctor
 from nbhw.core.hardware.report import report
 from nbhw.core.memory.arguments import MEMORY_ARGUMENTS
 from nbhw.core.plan.arguments import PLAN_ARGUMENTS
@@ -72,6 +73,9 @@ class HwMagics(Magics):
             print(result.json())
         else:
             display(result)
+
+    def _run_doctor(self, args: argparse.Namespace) -> None:
+        self._show(doctor(), args)
 
     def _run_memory(self, args: argparse.Namespace) -> None:
         from nbhw.ui import memory  # plotly: only when a graph is asked for
