@@ -20,7 +20,8 @@ from nbhw.core.hardware import elf
 Verdict = Literal["native", "jit", "none"]
 
 # CUDA_ARCH_FLAGS as torch compiles it into libtorch_python.so ("sm_75 sm_80 ... sm_120"), NUL-terminated in .rodata.
-_ARCH_FLAGS = re.compile(rb"\x00((?:sm|compute)_\d{2,3}[af]?(?: (?:sm|compute)_\d{2,3}[af]?)*)\x00")
+# The closing NUL is a lookahead: two lists side by side share it, and both must be seen (then none is trusted).
+_ARCH_FLAGS = re.compile(rb"\x00((?:sm|compute)_\d{2,3}[af]?(?: (?:sm|compute)_\d{2,3}[af]?)*)(?=\x00)")
 _CODE_NAME = re.compile(r"^(sm|compute)_(\d{2,3})([af]?)$")
 
 # The architectures PyTorch builds its Linux wheels for, per wheel index: TORCH_CUDA_ARCH_LIST in pytorch's
@@ -33,6 +34,7 @@ WHEEL_ARCHES = {
     "cu130": "sm_75 sm_80 sm_86 sm_90 sm_100 sm_120",
 }
 TORCH_WHEELS = "https://download.pytorch.org/whl"
+ARCH_FLAGS_SOURCE = "libtorch_python.so .rodata (CUDA_ARCH_FLAGS)"
 
 
 def torch_lib_dir(torch: Any) -> Path:

@@ -24,7 +24,6 @@ from nbhw.core.hardware.extensions import loaded_sonames
 from nbhw.core.hardware.findings import Check, Finding, Gpu, Preflight, System, TorchFacts, Trigger
 
 CheckResult = tuple[list[Finding], list[Check]]
-ARCH_FROM_BINARY = "libtorch_python.so .rodata (CUDA_ARCH_FLAGS)"
 ROCM_ARCH_NOT_READ = (
     "a ROCm build's list is only given by torch.cuda.get_arch_list(), which arms torch's fork trap "
     "(forked children then fail to start HIP); nbhw asks it only once torch has initialised HIP itself"
@@ -62,7 +61,7 @@ def arch_list(torch: Any, lib_dir: Path) -> tuple[tuple[str, ...], str]:
     found = cuda_arch.arch_list_from_binary(lib_dir)
     if found is None:
         return (), "libtorch_python.so holds no single CUDA_ARCH_FLAGS list"
-    return found, ARCH_FROM_BINARY
+    return found, cuda_arch.ARCH_FLAGS_SOURCE
 
 
 def torch_facts() -> TorchFacts | None:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import platform
 import re
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from packaging.version import InvalidVersion, Version
 
+from nbhw.core.hardware.data import to_plain
 from nbhw.core.render import STYLE, Shown, esc, html_table, text_table
 
 Severity = Literal["error", "warning"]
@@ -160,8 +161,8 @@ class Preflight(Shown):
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: findings, checks, seconds (the report's ``preflight``)."""
         return {
-            "findings": [asdict(f) for f in self.findings],
-            "checks": [asdict(c) for c in self.checks],
+            "findings": to_plain(self.findings),
+            "checks": to_plain(self.checks),
             "seconds": round(self.seconds, 4),
         }
 
