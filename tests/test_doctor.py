@@ -31,6 +31,7 @@ from nbhw.core.hardware import cuda_arch, doctor, elf, extensions, package_check
 from nbhw.core.hardware.detect import detect
 from nbhw.core.hardware.findings import Finding, Gpu, Preflight, System, TorchFacts, Trigger
 from nbhw.core.hardware.report import SCHEMA_PATH, report
+from nbhw.core.hf.private_names import PRIVATE_NAMES, resolve
 from tests.fake_binaries import fatbin, write_distribution, write_elf
 from tests.fakes import FakeGpu, FakeHardware
 
@@ -809,6 +810,16 @@ def test_plans_share_a_recent_result_until_something_changes(tmp_path: Path, mon
     site = _flash_attn(tmp_path / "site", needed=CPU_TORCH_LIBS, undefined=[REMOVED])
     monkeypatch.syspath_prepend(str(site))  # a new place packages are found: asked again
     assert ids(doctor.recent().findings) == ["flash-attn:undefined-symbol"]
+
+
+def test_the_private_names_of_bitsandbytes_and_kernels_still_exist(
+    bitsandbytes_installed: Path, kernels_installed: Path
+) -> None:
+    optional = [n for n in PRIVATE_NAMES if n.only in {"bitsandbytes", "kernels"}]
+    assert {n.library for n in optional} == {"bitsandbytes", "kernels"}
+    for name in optional:
+        resolve(name)  # raises, naming it, when an upgrade renamed it
+    assert "bitsandbytes" not in sys.modules  # its names are read from its source
 
 
 # ---------------------------------------------------------------- no driver call on a real CUDA build of torch
