@@ -493,10 +493,7 @@ def _one_cached_kernel(here: System, repo: str, snapshot: Path, resolver: Any) -
 def check_cached_kernels(here: System) -> CheckResult:
     """Each cached Hub kernel's build variants, resolved by the kernels package's own resolver."""
     try:
-        from kernels.variants import (  # type: ignore[import-not-found]  # lazy: an optional package
-            get_variants_local,
-            resolve_variants,
-        )
+        from kernels.variants import get_variants_local, resolve_variants  # lazy: an optional package
     except ImportError as exc:
         return [], [Check("cached Hub kernels", "unknown", f"this kernels has no variant resolver ({exc})")]
     cache = kernel_cache_dir()
