@@ -411,6 +411,12 @@ def test_amd_targets_from_sysfs(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- 2. flash-attn
 
 
+def flash_findings_for(here: System, *, attn: str, devices: list[str]) -> list[Finding]:
+    """The flash-attn findings a cell with this attn_implementation, placed on these devices, would hit."""
+    found, checks = package_checks.check_flash_attn(here)
+    return Preflight(found, checks, 0.0).for_plan(devices=devices, attn_implementation=attn)
+
+
 def _flash_attn(site: Path, version: str = "2.8.3+cu12torch2.8cxx11abiTRUE", **elf_kw: Any) -> Path:
     so = write_elf(site.parent / "ext.so", **elf_kw)
     write_distribution(
@@ -486,7 +492,10 @@ def test_flash_attn_without_code_for_this_gpu(tmp_path: Path, monkeypatch: pytes
     blackwell = System(cuda_facts(), (Gpu("cuda:0", "RTX 5090", capability=(12, 0)),))
     ((finding,), _) = package_checks.check_flash_attn(blackwell)
     assert finding.id == "flash-attn:no-kernel-image" and finding.when == "first forward"
-    assert Trigger("device", "cuda:0") in finding.applies_to
+    assert finding.device == "cuda:0" and finding.applies_to == (Trigger("attn_implementation", "flash_attention_2"),)
+    assert finding in flash_findings_for(blackwell, attn="flash_attention_2", devices=["cuda:0"])
+    assert finding not in flash_findings_for(blackwell, attn="flash_attention_2", devices=["cpu"])
+    assert finding not in flash_findings_for(blackwell, attn="sdpa", devices=["cuda:0"])
     assert finding.fix.startswith("FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS=120 MAX_JOBS=4 pip install")
     volta = System(cuda_facts(), (Gpu("cuda:0", "V100", capability=(7, 0)),))
     ((finding,), _) = package_checks.check_flash_attn(volta)
@@ -698,7 +707,7 @@ def test_results_are_plain_data_and_render(broken_flash_attn: Path) -> None:
     assert data["findings"][0]["applies_to"] == [{"option": "attn_implementation", "value": "flash_attention_2"}]
     text = result.text()
     assert "1 error before memory" in text and "fix: pip install --force-reinstall" in text
-    assert "hits a cell with: attn_implementation='flash_attention_2'" in text
+    assert "hits a cell with: attn_implementation='flash_attention_2'\n" in text
     html = result.html()
     assert 'data-finding="flash-attn:undefined-symbol"' in html and "<code>pip install" in html
 

@@ -34,7 +34,7 @@ WHEEL_ARCHES = {
     "cu130": "sm_75 sm_80 sm_86 sm_90 sm_100 sm_120",
 }
 TORCH_WHEELS = "https://download.pytorch.org/whl"
-ARCH_FLAGS_SOURCE = "libtorch_python.so .rodata (CUDA_ARCH_FLAGS)"
+ARCH_FLAGS_SOURCE = "CUDA_ARCH_FLAGS in libtorch_python.so"
 
 
 def torch_lib_dir(torch: Any) -> Path:

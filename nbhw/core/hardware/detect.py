@@ -174,7 +174,7 @@ def hardware_text(hw: Hardware) -> str:
 def _preflight_text(preflight: Preflight | None) -> list[str]:
     if preflight is None:
         return []
-    lines = ["", f"Pre-flight checks: {preflight.summary()} (%hw doctor shows each check)"]
+    lines = ["", f"Pre-flight checks: {preflight.summary()}; %hw doctor shows each one"]
     return lines + findings_text(preflight.findings)[:-1]
 
 

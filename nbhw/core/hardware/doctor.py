@@ -3,8 +3,9 @@
 The worst failures come first: a torch wheel with no kernels for this GPU ("no kernel image is available" while
 ``torch.cuda.is_available()`` is True), a flash-attn wheel built for another torch ("undefined symbol"), a
 bitsandbytes build without this backend, a Hub kernel with no build for this torch. Each check reads files (ELF
-headers, symbol tables, fat binaries, wheel metadata, the HF cache) and never imports the package it checks,
-creates a CUDA context, calls into the CUDA driver, arms torch's fork trap, or touches the network.
+headers, symbol tables, fat binaries, wheel metadata, the HF cache) and never loads an extension it checks
+(flash-attn and bitsandbytes are not imported; the ``kernels`` package is, for its own build resolver), creates a
+CUDA context, calls into the CUDA driver, arms torch's fork trap, or touches the network.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any, Literal
 
 from nbhw.core.hardware import cuda_arch, nvml, package_checks, probes, visible_devices
 from nbhw.core.hardware.extensions import loaded_sonames
-from nbhw.core.hardware.findings import Check, Finding, Gpu, Preflight, System, TorchFacts, Trigger
+from nbhw.core.hardware.findings import Check, Finding, Gpu, Preflight, System, TorchFacts
 
 CheckResult = tuple[list[Finding], list[Check]]
 ROCM_ARCH_NOT_READ = (
@@ -180,7 +181,7 @@ def _arch_finding(here: System, gpu: Gpu, verdict: str) -> Finding:
         )
         return Finding(
             "torch:ptx-only", "torch", "warning", what, "first forward", _torch_fix(here, gpu), evidence,
-            (Trigger("device", gpu.device),),
+            (), gpu.device,
         )  # fmt: skip
     what = (
         f"torch has no kernels for {gpu.device} ({sm}): the first operation on it fails with 'CUDA error: no "
@@ -188,7 +189,7 @@ def _arch_finding(here: System, gpu: Gpu, verdict: str) -> Finding:
     )
     return Finding(
         "torch:no-kernel-image", "torch", "error", what, "load", _torch_fix(here, gpu), evidence,
-        (Trigger("device", gpu.device),),
+        (), gpu.device,
     )  # fmt: skip
 
 
@@ -204,7 +205,8 @@ def _rocm_finding(here: System, gpu: Gpu, built: set[str]) -> Finding:
         f"pip install --force-reinstall torch=={t.base_version} --index-url {probes.ROCM_WHEELS} "
         f"(a ROCm build whose torch.cuda.get_arch_list() lists {gpu.gfx})",
         (f"torch {t.version} was built for {' '.join(sorted(built))} ({t.arch_source})", f"{gpu.device} is {gpu.gfx}"),
-        (Trigger("device", gpu.device),),
+        (),
+        gpu.device,
     )
 
 
@@ -256,6 +258,8 @@ def doctor(here: System | None = None) -> Preflight:
 
     ``here`` gives the facts to check against instead of this machine's (a torch and GPUs you describe).
     """
+    if here is None:
+        probes.torch_module()  # torch's own import is not the checks' time (``seconds``)
     start = time.perf_counter()
     here = here or system()
     if here is None:

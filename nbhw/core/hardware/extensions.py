@@ -149,6 +149,10 @@ class Subject:
     when_broken: When = "load"
 
 
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
 def _missing_library(s: Subject, ext: ExtensionReport, t: TorchFacts) -> Finding:
     first = ext.missing_libraries[0]
     cpu_torch = any(n.startswith(("libtorch_cuda", "libc10_cuda")) for n in ext.missing_libraries) and not t.cuda
@@ -178,7 +182,7 @@ def _undefined_symbol(s: Subject, ext: ExtensionReport, t: TorchFacts) -> Findin
         s.when_broken,
         s.fix,
         (
-            f"{len(ext.missing_symbols)} torch symbols it imports are not exported by this torch's libraries",
+            f"{_count(len(ext.missing_symbols), 'torch symbol')} it imports not exported by this torch's libraries",
             *(f"missing: {m}" for m in ext.missing_symbols[:3]),
         ),
         s.triggers,
@@ -196,7 +200,8 @@ def _no_kernel_image(s: Subject, ext: ExtensionReport, gpu: Gpu, code: tuple[elf
         "first forward",
         s.fix_for_gpu(gpu) if s.fix_for_gpu else s.fix,
         (f"{ext.path.name} carries {' '.join(c.name for c in code) or 'no GPU code'}",),
-        (*s.triggers, Trigger("device", gpu.device)),
+        s.triggers,
+        gpu.device,
     )
 
 

@@ -1,8 +1,9 @@
 """The pre-flight checks' plain data: what they compare (torch, the GPUs), what they found, and the result.
 
 Every :class:`Finding` says what will fail, when (``import``, ``load`` i.e. ``from_pretrained``, or ``first
-forward``), and the exact command that fixes it. Its ``id`` is stable (``"<subject>:<kind>"``) and
-``applies_to`` names the plan options that hit it, so a plan can attach it as a warning to the cell that would
+forward``), and the exact command that fixes it. Its ``id`` is stable (``"<subject>:<kind>"``); ``applies_to``
+names the plan options that load what it is about (any one of them) and ``device`` the GPU it is about (then only a
+plan using that device hits it), so a plan can attach it as a warning to the cell that would
 (:meth:`Preflight.for_plan`).
 """
 
@@ -27,7 +28,7 @@ Status = Literal["ok", "finding", "skipped", "unknown"]
 
 @dataclass(frozen=True)
 class Trigger:
-    """A plan option that hits a finding: ('attn_implementation', 'flash_attention_2'), ('device', 'cuda:0')."""
+    """A plan option that loads what a finding is about: ('attn_implementation', 'flash_attention_2')."""
 
     option: str
     value: str
@@ -48,7 +49,19 @@ class Finding:
     when: When
     fix: str
     evidence: tuple[str, ...] = ()
-    applies_to: tuple[Trigger, ...] = ()
+    applies_to: tuple[Trigger, ...] = ()  # any of these options loads it; () = whatever the cell asks for
+    device: str | None = None  # the GPU it is about ('cuda:0'); None: every device
+
+    def hits(self, options: set[Trigger], devices: set[str]) -> bool:
+        """Whether a cell with these options, placed on these devices, would hit it."""
+        loads = not self.applies_to or bool(options.intersection(self.applies_to))
+        return loads and (self.device is None or self.device in devices)
+
+    def where(self) -> str:
+        """The cells that hit it, in their own words."""
+        options = " or ".join(t.words() for t in self.applies_to)
+        on = f"layers on {self.device}" if self.device else ""
+        return " with ".join(p for p in (options, on) if p) or "any from_pretrained"
 
     def line(self) -> str:
         """One line for a plan's notes: the finding, when it fails, and the fix."""
@@ -113,13 +126,12 @@ class System:
 
 
 def _plan_triggers(
-    devices: Iterable[str],
     attn_implementation: str | None,
     quantization: str | None,
     use_kernels: bool,
     kernels: Iterable[str],
 ) -> set[Trigger]:
-    wanted = {Trigger("device", d) for d in devices}
+    wanted: set[Trigger] = set()
     if attn_implementation:
         wanted.add(Trigger("attn_implementation", attn_implementation.removeprefix("paged|")))
     if quantization:
@@ -155,8 +167,9 @@ class Preflight(Shown):
 
         ``quantization`` is transformers' method name (``bitsandbytes_4bit``); ``kernels`` are Hub kernel ids.
         """
-        wanted = _plan_triggers(devices, attn_implementation, quantization, use_kernels, kernels)
-        return [f for f in self.findings if wanted.intersection(f.applies_to)]
+        wanted = _plan_triggers(attn_implementation, quantization, use_kernels, kernels)
+        used = set(devices)
+        return [f for f in self.findings if f.hits(wanted, used)]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: findings, checks, seconds (the report's ``preflight``)."""
@@ -181,7 +194,9 @@ class Preflight(Shown):
         lines += findings_text(self.findings)
         rows = [[c.name, c.status, c.detail] for c in self.checks]
         lines += ["Checks", text_table(("check", "status", "detail"), rows, "  "), ""]
-        lines.append(f"{self.seconds:.2f} s; no CUDA context created, none of the checked packages imported")
+        lines.append(
+            f"{self.seconds:.2f} s of checks; no CUDA context created, flash-attn and bitsandbytes not imported"
+        )
         return "\n".join(lines)
 
     def html(self) -> str:
@@ -200,8 +215,7 @@ def findings_text(findings: Iterable[Finding]) -> list[str]:
     for f in findings:
         mark = "✗" if f.severity == "error" else "!"
         lines += [f"  {mark} {f.id} ({f.severity}, fails at {f.when})", f"      {f.what}", f"      fix: {f.fix}"]
-        if f.applies_to:
-            lines.append(f"      hits a cell with: {', '.join(t.words() for t in f.applies_to)}")
+        lines.append(f"      hits a cell with: {f.where()}")
         lines += [f"      seen: {e}" for e in f.evidence]
         lines.append("")
     return lines
@@ -213,7 +227,7 @@ def findings_html(findings: Iterable[Finding]) -> str:
     for f in findings:
         css = "bad" if f.severity == "error" else "warn"
         seen = "".join(f'<div class="sub">{esc(e)}</div>' for e in f.evidence)
-        hits = ", ".join(t.words() for t in f.applies_to)
+        hits = f.where()
         rows.append(
             f'<tr data-finding="{esc(f.id)}"><td><span class="{css}">{esc(f.severity)}</span></td>'
             f"<td><code>{esc(f.id)}</code></td><td>{esc(f.what)}{seen}</td><td>{esc(f.when)}</td>"
