@@ -631,6 +631,8 @@ def test_kernels_outside_transformers_range(kernels_installed: Path) -> None:
     assert package_checks.kernels_range() == ("0.18.2", "0.19.0")  # transformers 5.24
     assert finding.fix == 'pip install "kernels>=0.18.2,<0.19.0"' and "0.17.2" in finding.what
     assert Trigger("use_kernels", "True") in finding.applies_to
+    # flash-attn is not installed, so flash_attention_2 would go through kernels (transformers' fallback) too.
+    assert Trigger("attn_implementation", "flash_attention_2") in finding.applies_to
 
 
 def _cache_kernel(cache: Path, repo: str, variants: dict[str, bytes | None]) -> Path:

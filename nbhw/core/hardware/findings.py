@@ -35,7 +35,11 @@ class Trigger:
 
     def words(self) -> str:
         """How the option reads in a from_pretrained cell."""
-        return f"{self.option}={self.value!r}" if self.option != "use_kernels" else "use_kernels=True"
+        if self.option == "use_kernels":
+            return "use_kernels=True"
+        if self.option == "kernel":
+            return f"the Hub kernel {self.value}"
+        return f"{self.option}={self.value!r}"
 
 
 @dataclass(frozen=True)

@@ -388,7 +388,11 @@ def _kernels_version(version: str) -> CheckResult:
         "load",
         f'pip install "kernels>={low},<{high}"',
         (f"transformers.utils.import_utils KERNELS_MIN_VERSION={low}, KERNELS_MAX_VERSION={high}",),
-        (Trigger("use_kernels", "True"), *(Trigger("attn_implementation", k) for k in FLASH_PACKAGES)),
+        # flash_attention_N goes through kernels only when its package is not installed (transformers' fallback).
+        (
+            Trigger("use_kernels", "True"),
+            *(Trigger("attn_implementation", k) for k, p in FLASH_PACKAGES.items() if distribution(p) is None),
+        ),
     )
     return [finding], [Check("kernels", "finding", detail)]
 
