@@ -278,6 +278,8 @@ def _launch(torch: Any, device: str) -> str:
 
 def preflight_facts() -> dict[str, Any]:
     """nbhw's pre-flight checks first (no CUDA), then the ground truth they predict (CUDA started on purpose)."""
+    import torch  # a notebook has imported it before it asks: its import is not the checks' time
+
     import nbhw
     from nbhw.core.hardware import cuda_arch, doctor
 
@@ -290,8 +292,6 @@ def preflight_facts() -> dict[str, Any]:
     gpus = doctor.gpus(facts)
     predicted = {g.device: cuda_arch.verdict(cuda_arch.codes(facts.arch_list), g.capability or (0, 0)) for g in gpus}
     state = {"context": context_state(), "bad_fork_child_after_nbhw": forked_child_in_bad_fork()}
-    import torch
-
     listed = [str(a) for a in torch.cuda.get_arch_list()]  # arms the fork trap: the control below shows it
     state["bad_fork_child_after_get_arch_list"] = forked_child_in_bad_fork()
     real = {f"cuda:{i}": _launch(torch, f"cuda:{i}") for i in range(torch.cuda.device_count())}

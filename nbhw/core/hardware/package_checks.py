@@ -415,22 +415,25 @@ def kernel_cache_dir() -> Path:
 
 
 def cached_kernel_repos(cache: Path) -> list[tuple[str, Path]]:
-    """(repo id, snapshot dir) of every cached repo with a build/ folder, for both repo types kernels reads."""
+    """(repo id, snapshot dir) of every cached repo with a build/ folder, for both repo types kernels reads.
+
+    The folders are listed first; huggingface_hub's naming rule (file_download, half a second to import) is asked
+    only when one has a build/ folder.
+    """
     from huggingface_hub import constants  # lazy: huggingface_hub only once kernels is installed
-    from huggingface_hub.file_download import repo_folder_name  # lazy: as above
 
     sep = constants.REPO_ID_SEPARATOR
-    prefixes = [repo_folder_name(repo_id="o/n", repo_type=t).split(sep)[0] for t in ("kernel", "model")]
-    found: list[tuple[str, Path]] = []
-    if not cache.is_dir():
-        return found
-    for entry in sorted(cache.iterdir()):
+    built: list[tuple[list[str], Path]] = []
+    for entry in sorted(cache.iterdir()) if cache.is_dir() else ():
         parts = entry.name.split(sep)
-        if len(parts) != 3 or parts[0] not in prefixes:
-            continue
-        snapshots = sorted((entry / "snapshots").glob("*"))
-        found += [(f"{parts[1]}/{parts[2]}", s) for s in snapshots if (s / "build").is_dir()]
-    return found
+        if len(parts) == 3:
+            built += [(parts, s) for s in sorted((entry / "snapshots").glob("*")) if (s / "build").is_dir()]
+    if not built:
+        return []
+    from huggingface_hub.file_download import repo_folder_name  # lazy: as above
+
+    prefixes = [repo_folder_name(repo_id="o/n", repo_type=t).split(sep)[0] for t in ("kernel", "model")]
+    return [(f"{parts[1]}/{parts[2]}", snapshot) for parts, snapshot in built if parts[0] in prefixes]
 
 
 def _repo_of(ref: str) -> str:
@@ -496,14 +499,15 @@ def _one_cached_kernel(here: System, repo: str, snapshot: Path, resolver: Any) -
 
 def check_cached_kernels(here: System) -> CheckResult:
     """Each cached Hub kernel's build variants, resolved by the kernels package's own resolver."""
-    try:
-        from kernels.variants import get_variants_local, resolve_variants  # lazy: an optional package
-    except ImportError as exc:
-        return [], [Check("cached Hub kernels", "unknown", f"this kernels has no variant resolver ({exc})")]
     cache = kernel_cache_dir()
     repos = cached_kernel_repos(cache)
     if not repos:
         return [], [Check("cached Hub kernels", "skipped", f"none in {cache}")]
+    try:
+        # lazy: an optional package (a second or so to import), only once a cached kernel is there to resolve
+        from kernels.variants import get_variants_local, resolve_variants
+    except ImportError as exc:
+        return [], [Check("cached Hub kernels", "unknown", f"this kernels has no variant resolver ({exc})")]
     findings: list[Finding] = []
     checks: list[Check] = []
     for repo, snapshot in repos:
