@@ -845,7 +845,7 @@ sys.modules["pynvml"] = FakeNvml(gpus, cuda=12080)
 import nbhw
 result = nbhw.doctor()
 hw = nbhw.detect()
-print("findings", " ".join(f"{f.id}@{f.applies_to[0].value}" for f in result.findings if f.package == "torch"))
+print("findings", " ".join(f"{f.id}@{f.device}" for f in result.findings if f.package == "torch"))
 print("fix", next(f.fix for f in result.findings if f.package == "torch"))
 print("notes", [n[:60] for d in hw.backend("cuda").devices for n in d.notes if "built for" in n])
 pid = os.fork()
