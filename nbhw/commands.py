@@ -72,6 +72,12 @@ COMMANDS = (
     ),
     Command("report", "environment report for bug reports", (JSON,)),
     Command(
+        "doctor",
+        "pre-flight checks of the installed binaries: what will fail before memory, when, and the command "
+        "that fixes it",
+        (JSON,),
+    ),
+    Command(
         "holders",
         "what keeps tensors alive, per device, largest first: variables, Out and _, the last traceback, "
         "autograd graphs, the allocator's cache",

@@ -76,6 +76,11 @@ class HwMagics(Magics):
         else:
             display(result)
 
+    def _run_doctor(self, args: argparse.Namespace) -> None:
+        from nbhw.core.hardware.doctor import doctor  # lazy: see above
+
+        self._show(doctor(), args)
+
     def _run_memory(self, args: argparse.Namespace) -> None:
         from nbhw.ui import memory  # plotly: only when a graph is asked for
 
