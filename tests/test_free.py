@@ -133,7 +133,7 @@ def test_without_an_allocator_counter_the_bytes_are_measured_by_counting_tensors
         (["nope"], {}, r"^unknown variable 'nope'; variables holding tensors: model$"),
         (["modle"], {}, r"^unknown variable 'modle'; variables holding tensors: model$"),
         (["n"], {}, r"^'n' holds no tensor \(int\); nothing to free$"),
-        (["_"], {}, r"^'_' is output history, not a variable; free it with history=True$"),
+        (["_"], {}, r"^'_' is output history, not a variable; free it with history=True \(--history\)$"),
         ([], {}, r"^nothing to free: name variables, or choose history, traceback or cache$"),
     ],
 )

@@ -166,7 +166,7 @@ def _check_names(namespace: Mapping[str, Any], names: Sequence[str], before: Hol
     """Every name is checked before anything is deleted: one mistake, nothing done."""
     for name in names:
         if OUTPUT_NAME.match(name):
-            raise UserError(f"{name!r} is output history, not a variable; free it with history=True")
+            raise UserError(f"{name!r} is output history, not a variable; free it with history=True (--history)")
         if name not in namespace:
             raise UserError(f"unknown variable {name!r}; variables holding tensors: {_hint(name, before)}")
         if not any(name in (h.name, h.of) for h in before.holders):
