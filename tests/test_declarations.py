@@ -36,6 +36,11 @@ SHOWN = {
     "attn_implementation": "eager",
     "use_kernels": True,
     "quantization": "4bit",
+    # The run's size: not from_pretrained keywords, so nothing in the cell changes (no `emits`).
+    "context": "32k",
+    "batch": 4,
+    "encoder_length": 512,
+    "reserve": "600MiB",
 }
 
 

@@ -173,7 +173,9 @@ class _Lean:
 
 @cache
 def _tracker_class() -> type:
-    from torch.distributed._tools.mem_tracker import MemTracker  # lazy: import nbhw and %load_ext nbhw stay free of torch
+    from torch.distributed._tools.mem_tracker import (
+        MemTracker,  # lazy: import nbhw and %load_ext nbhw stay free of torch
+    )
 
     return type("Tracker", (_Lean, MemTracker), {"__module__": __name__})
 
@@ -188,8 +190,7 @@ def peaks(timeline: Sequence[tuple[int, ...]], devices: int, start: int = 0, sto
     found = [0] * devices
     for point in timeline[start:stop]:
         for i, value in enumerate(point):
-            if value > found[i]:
-                found[i] = value
+            found[i] = max(found[i], value)
     return found
 
 
@@ -199,7 +200,7 @@ def peaks(timeline: Sequence[tuple[int, ...]], devices: int, start: int = 0, sto
 def execution_device(device_map: dict[str, Hashable]) -> Hashable:
     """Where accelerate runs modules kept on cpu / disk: the first device that is neither (dispatch_model's rule)."""
     running = {d for d in device_map.values() if d not in OFFLOADED}
-    return list(running)[0] if running else "cpu"
+    return next(iter(running)) if running else "cpu"  # set order, as accelerate takes it
 
 
 class _Placed:
@@ -237,11 +238,11 @@ class _Placed:
         if isinstance(value, t.Tensor):
             where = self.track.device_of(value)
             return value if where is None or where == device else value.clone()
-        if isinstance(value, tuple | list):
+        if type(value) in (tuple, list):  # plain ones: a named tuple or a list subclass is left as it is
             items = [self.moved(v, device) for v in value]
             if all(a is b for a, b in zip(items, value, strict=True)):
                 return value
-            return type(value)(items) if not hasattr(value, "_fields") else type(value)(*items)
+            return type(value)(items)
         if isinstance(value, dict):
             found = {k: self.moved(v, device) for k, v in value.items()}
             if all(found[k] is v for k, v in value.items()):

@@ -132,7 +132,7 @@ class Estimate:
             "peak_bytes": self.peak_bytes,
             "reserve_bytes": self.reserve_bytes,
             "load_peak_bytes": self.load_peak_bytes,
-            "load_peak": None if self.load_peak is None else {**vars(self.load_peak), "rss_bytes": self.load_peak_bytes},
+            "load_peak": None if self.load_peak is None else vars(self.load_peak),
             "cache_class": self.cache_class,
             "not_covered": list(self.not_covered),
             "run_problem": self.run_problem,

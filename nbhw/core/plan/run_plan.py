@@ -180,7 +180,8 @@ def limits(plan: Any, outcome: RunEstimate) -> dict[Hashable, int]:
 
 def with_run(plan: Any) -> Placement | None:
     """The weight placement with each device's run figures and the verdict that counts the run."""
-    placement, outcome = plan.weight_placement, plan.dry_run
+    placement: Placement | None = plan.weight_placement
+    outcome: Outcome = plan.dry_run
     if placement is None or placement.kind in ("none", "too_big"):
         return placement
     if outcome.run is None:
