@@ -35,6 +35,7 @@ from nbhw.core.hf import dryrun, meta_build
 # fallbacks of Mamba's selective scan: 364 per module at 300 tokens). Past this budget the dry run stops and says so.
 OPS_PER_MODULE = 300
 MIN_OPS = 30_000
+LOOP_OPS_PER_MODULE = 60
 NO_LIMIT = 1 << 20  # tokens, for a config that names no maximum position (relative or no position embeddings)
 ONE_DEVICE: tuple[tuple[str, Hashable], ...] = (("", "cpu"),)
 
@@ -796,8 +797,34 @@ def max_context(
         return _run(model, sizes(batch, max(n, 2), target=target, generation=generation, device_map=device_map,
                                  encoder_tokens=encoder_tokens))  # fmt: skip
 
+    note = ""
+    if _ops_grow(model, measure, first):
+        # A loop over tokens: past some context the dry run would stop at its op budget. Search below it.
+        covered = _covered_context(model, measure, first)
+        if covered < hi:
+            hi, note = max(covered, first), f"; past {max(covered, first):,} tokens not covered (a loop over tokens)"
+            seeds = sorted({max(first // 2, 2), first})
     found = _Search(measure, limits, (2, hi), degree=2)(seeds)
+    found = replace(found, method=found.method + note)
     return found if found.value >= 2 else replace(found, value=0)
+
+
+def _ops_grow(model: Any, measure: Callable[[int], _Run], first: int) -> bool:
+    """Whether the dry run's op count grows with the context (a Python loop over tokens or chunks): far more ops per
+    module than a forward of fused layers makes (11-16 per module for a prefill and a decode step)."""
+    return len(measure(first).timeline) > LOOP_OPS_PER_MODULE * sum(1 for _ in model.modules())
+
+
+def _covered_context(model: Any, measure: Callable[[int], _Run], first: int) -> int:
+    """The longest context whose dry run stays within the op budget, by the op counts at two contexts (they grow
+    linearly with the context in a loop over tokens)."""
+    low = max(first // 2, 2)
+    ops_low, ops_first = len(measure(low).timeline), len(measure(first).timeline)
+    if ops_first <= ops_low or first == low:
+        return first
+    budget = max(MIN_OPS, OPS_PER_MODULE * sum(1 for _ in model.modules()))
+    per_token = (ops_first - ops_low) / (first - low)
+    return int(first + 0.9 * (budget - ops_first) / per_token)
 
 
 def max_batch(

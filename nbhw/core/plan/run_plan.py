@@ -239,11 +239,22 @@ def _run_verdict(plan: Any, placement: Placement, over: list[DeviceShare]) -> tu
 # ---------------------------------------------------------------- searches
 
 
+def _weights_alone_too_big(plan: Any, outcome: RunEstimate, most: int) -> Fit | None:
+    """A Fit of 0 when some device can't even hold its weights and reserve: no dry run can change that."""
+    found = limits(plan, outcome)
+    if any(found[d] < outcome.devices[d].weight_bytes for d in found):
+        return Fit(0, most, 0, "the weights and the reserve alone are over a budget")
+    return None
+
+
 def context_fit(plan: Any) -> Fit | None:
     """The largest context (prompt + generated) that fits every device at the plan's batch; None without a run."""
     outcome = plan.dry_run.run
     if outcome is None or plan.weight_placement is None:
         return None
+    too_big = _weights_alone_too_big(plan, outcome, plan.context_limit or run.NO_LIMIT)
+    if too_big is not None:
+        return too_big
     try:
         return run.max_context(
             plan.meta_model, limits(plan, outcome), batch=plan.batch, target=plan.target, start=plan.context,
@@ -258,6 +269,9 @@ def batch_fit(plan: Any) -> Fit | None:
     outcome = plan.dry_run.run
     if outcome is None or plan.weight_placement is None:
         return None
+    too_big = _weights_alone_too_big(plan, outcome, BATCH_LIMIT)
+    if too_big is not None:
+        return too_big
     try:
         return run.max_batch(
             plan.meta_model, limits(plan, outcome), context=plan.context, target=plan.target,
