@@ -243,7 +243,6 @@ def test_bad_sizes_exit_2_in_the_cli(capsys: pytest.CaptureFixture[str]) -> None
     assert main(["load", "--context", "32k"]) == 2  # past the tiny model's 256 positions: needs its config
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and "valid: 2 to 16,777,216" in err[0] and "at most 256 tokens" in err[1]
-    assert err.count("\n") == 1 and "valid: 2 to 16,777,216" in err
 
 
 def test_whisper_encoder_length_is_fixed_and_says_so(tmp_path: Path) -> None:
