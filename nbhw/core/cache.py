@@ -31,6 +31,11 @@ class Recent(Generic[T]):
                 self._items.popitem(last=False)
         return found
 
+    def peek(self, key: Hashable) -> T | None:
+        """The kept result for ``key``, or None: never computes."""
+        with self._lock:
+            return self._items.get(key)
+
     def clear(self) -> None:
         """Forget every result."""
         with self._lock:

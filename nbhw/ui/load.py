@@ -1,12 +1,16 @@
 """The Load tab: controls whose choices come from this machine, and a live preview of the from_pretrained cell.
 
-Every change submits one job to the panels' worker (debounced, off the kernel's thread): choices for the model
-(cached), then :func:`nbhw.core.plan.load_form.preview`, then the HTML; the worker applies it under the widgets' lock
-unless a newer change came in. The code box's "Insert cell below" and "Copy" run in the browser.
+Every change submits one job to the panels' worker (debounced, off the kernel's thread), which hands the tab each
+part as soon as it is known, quickest first: the code (:func:`nbhw.core.plan.load_form.preview`, with the dtype the
+precision advice gives until the advisor's choices are known), then the choices and the dry run of from_pretrained's
+checks with the weights' placement, then the run at batch x context (one dry run of generate()) with each device's
+weights / cache / activations / reserve against its budget, then max context and max batch. The worker applies
+each part under the widgets' lock unless a newer change came in. "Insert cell below" and "Copy" run in the browser.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +39,14 @@ STYLE = """<style>
 .nbhw-placement-blocks span { display: inline-block; width: 16px; border-radius: 2px; }
 .nbhw-placement-legend span.swatch { display: inline-block; width: 10px; height: 10px; margin: 0 4px 0 10px;
   border-radius: 2px; }
+.nbhw-budget { margin: 6px 0; }
+.nbhw-budget-row { display: flex; align-items: center; gap: 8px; margin: 2px 0; }
+.nbhw-budget-name { width: 110px; text-align: right; font-size: 12px; }
+.nbhw-budget-bar { position: relative; display: flex; height: 16px; width: 560px;
+  background: var(--jp-layout-color2, #eee); border-radius: 2px; overflow: hidden; }
+.nbhw-budget-bar .part { height: 100%; }
+.nbhw-budget-bar .over { position: absolute; top: 0; bottom: 0; width: 2px;
+  background: var(--jp-error-color1, #b42318); }
 </style>"""
 
 _choices: Recent[Choices] = Recent(CHOICES_CACHE)
@@ -60,8 +72,9 @@ def device_colors(devices: list[str]) -> dict[str, str]:
     return {device: render.device_color(device) for device in dict.fromkeys(devices)}
 
 
-def picture_html(preview: Preview) -> str:
-    """The placement as a row of blocks in model order (decoder layers tall), coloured by device, with a legend."""
+def picture_html(preview: Preview, *, run: bool = True) -> str:
+    """The placement as a row of blocks in model order (decoder layers tall), coloured by device, with a legend;
+    its title is the verdict (``run=False``: the weights' verdict, the run's still to come)."""
     blocks: list[Unit] = preview.units
     if not blocks:
         return ""
@@ -80,8 +93,9 @@ def picture_html(preview: Preview) -> str:
         )
         size = render.size(sum(u.bytes for u in mine))
         legend.append(f'<span class="swatch" style="background:{color}"></span>{render.esc(device)}: {what}, {size}')
+    verdict = preview.verdict if run else preview.weight_verdict
     return (
-        f'<div class="nbhw-placement"><b>Placement: {render.esc(preview.verdict)}</b>'
+        f'<div class="nbhw-placement"><b>Placement: {render.esc(verdict)}</b>'
         f'<div class="nbhw-placement-blocks">{cells}</div>'
         f'<div class="nbhw-placement-legend nbhw-note">{"".join(legend)}</div></div>'
     )
@@ -105,34 +119,117 @@ def message_html(preview: Preview, choices: Choices | None) -> str:
 
 @dataclass
 class Result:
-    """Everything one job hands to the widgets."""
+    """Everything one job (or one of its parts, ``done=False``) hands to the widgets."""
 
     form: Form
     choices: Choices | None
     preview: Preview
     picture: str
     report: str
+    message: str = ""
+    notes: dict[str, str] | None = None
+    done: bool = True
 
 
-def compute(form: Form) -> Result:
-    """Choices, preview and HTML for a form (the worker runs this off the kernel's thread)."""
+PARTS = {"weights": "weights", "cache": "#f2a541", "activations": "#e4572e", "reserve": "#8d8d8d"}
+
+
+def budget_html(preview: Preview) -> str:
+    """Per device, a bar of its budget stacked with weights / cache / activations / reserve (the run's peak there)."""
+    shares = [s for s in preview.devices if s.peak_bytes is not None and (s.budget or s.needed_bytes)]
+    if not shares:
+        return ""
+    rows = []
+    for share in shares:
+        scale = float(max(share.budget or 0, share.needed_bytes or 0, 1))
+        parts = {"weights": share.bytes, "cache": share.cache_bytes or 0, "activations": share.activation_bytes or 0,
+                 "reserve": share.reserve_bytes or 0}  # fmt: skip
+        color = render.device_color(share.device)
+        cells = "".join(
+            f'<div class="part" data-part="{name}" title="{name}: {render.size(value)}" '
+            f'style="width:{100 * value / scale:.2f}%;background:{color if name == "weights" else PARTS[name]}"></div>'
+            for name, value in parts.items()
+            if value
+        )
+        over = ""
+        if share.budget is not None and (share.needed_bytes or 0) > share.budget:
+            over = f'<div class="over" style="left:{100 * share.budget / scale:.2f}%" title="budget"></div>'
+        budget = f" of {render.size(share.budget)}" if share.budget is not None else " (no budget known)"
+        rows.append(
+            f'<div class="nbhw-budget-row" data-device="{render.esc(share.device)}">'
+            f'<span class="nbhw-budget-name">{render.esc(share.device)}</span>'
+            f'<div class="nbhw-budget-bar">{cells}{over}</div>'
+            f'<span class="nbhw-note">{render.size(share.needed_bytes)}{budget}</span></div>'
+        )
+    legend = "".join(
+        f'<span class="swatch" style="background:{"#999" if c == "weights" else c}"></span>{name}'
+        for name, c in PARTS.items()
+    )
+    return (
+        f'<div class="nbhw-budget"><b>The run on each device: {render.esc(preview.verdict)}</b>{"".join(rows)}'
+        f'<div class="nbhw-placement-legend nbhw-note">{legend} (weights in the device\'s colour)</div></div>'
+    )
+
+
+def coming(text: str) -> str:
+    """A note for a part still being computed."""
+    return f'<p class="nbhw-note nbhw-coming">{render.esc(text)}</p>'
+
+
+def compute(form: Form, post: Callable[[Result], None] | None = None) -> Result:
+    """Choices, preview and HTML for a form (the worker runs this off the kernel's thread); ``post`` receives each
+    part as it is ready."""
     try:
-        return _compute(form)
+        return _compute(form, post or (lambda _: None))
     except Exception as exc:
-        return Result(form, None, Preview(form, error=unexpected(exc)), "", "")
+        failed = Preview(form, error=unexpected(exc))
+        return Result(form, None, failed, "", "", message_html(failed, None))
 
 
-def _compute(form: Form) -> Result:
-    choices: Choices | None = None
-    try:
-        choices = cached_choices(form)
-    except UserError as exc:
-        return Result(form, None, Preview(form, error=str(exc)), "", "")
+def _known_choices(form: Form) -> Choices | None:
+    key = (form.model.strip(), form.device_map, form.dtype, form.offline)
+    return _choices.peek(key)
+
+
+def _compute(form: Form, post: Callable[[Result], None]) -> Result:
+    choices = _known_choices(form)
     if form.dtype is None:
-        form = form.with_dtype(choices.advised_dtype)
+        advised = choices.advised_dtype if choices is not None else load_form.quick_dtype(form)
+        if advised is None:
+            asked = _choices_or_error(form)
+            if isinstance(asked, Result):
+                return asked
+            choices, advised = asked, asked.advised_dtype
+        form = form.with_dtype(advised)
     preview = load_form.preview(form)
-    report = preview.plan.html(code=False) if preview.plan is not None else ""
-    return Result(form, choices, preview, picture_html(preview), report)
+    if preview.error is not None:
+        return Result(form, choices, preview, "", "", message_html(preview, choices))
+    waiting = "<span class='nbhw-note'>checking with transformers…</span>"
+    post(Result(form, choices, preview, "", coming("the dry run and the estimate are coming"), waiting, done=False))
+    found = _choices_or_error(form) if choices is None else choices
+    if isinstance(found, Result):
+        return found
+    plan = preview.plan
+    assert plan is not None
+    message = message_html(preview, found)
+    notes = load_form.size_notes(plan)
+    weights = picture_html(preview, run=False)
+    report = coming(f"the run at {plan.context:,} tokens, batch {plan.batch}: planning…") + plan.html(
+        code=False, run=False
+    )
+    post(Result(form, found, preview, weights, report, message, notes, done=False))
+    picture = picture_html(preview, run=True) + budget_html(preview)
+    report = coming("max context and max batch: searching…") + plan.html(code=False, searches=False)
+    post(Result(form, found, preview, picture, report, message, notes, done=False))
+    return Result(form, found, preview, picture, plan.html(code=False), message, notes)
+
+
+def _choices_or_error(form: Form) -> Choices | Result:
+    try:
+        return cached_choices(form)
+    except UserError as exc:
+        failed = Preview(form, error=str(exc))
+        return Result(form, None, failed, "", "", message_html(failed, None))
 
 
 # ---------------------------------------------------------------- the view
@@ -272,9 +369,9 @@ class LoadView:
             self.refresh()
 
     def refresh(self) -> int:
-        """Plan the current form in the background; the job's generation."""
+        """Plan the current form in the background, each part shown as it comes; the job's generation."""
         form = self.form
-        return self.worker.submit(self._key, lambda: compute(form), self._apply)
+        return self.worker.submit(self._key, lambda post: compute(form, post), self._apply, progress=self._apply)
 
     # -- applying a result (under the lock, on the worker's thread)
 
@@ -287,13 +384,15 @@ class LoadView:
             self.form = result.form
             if result.choices is not None and result.choices is not self.choices:
                 self._show_choices(result.choices, result.form)
-            self._show_form(result.form)
+            if self.choices is not None:  # before the choices, a dropdown would show the value as "(given)"
+                self._show_form(result.form)
             self._show_notes(result)
-            self.message.value = message_html(result.preview, result.choices)
+            self.message.value = result.message
             self.code.show(result.preview.code)
             self.picture.value = result.picture
             self.report.value = result.report
-            self.result = result
+            if result.done:
+                self.result = result
         finally:
             self._syncing = False
 
@@ -359,8 +458,9 @@ class LoadView:
         choices = result.choices
         if choices is None:
             return
+        notes = {**choices.notes, **(result.notes or {})}
         for name in CONTROLS:
-            self.notes[name].value = note_html(choices.notes[name]) if choices.notes.get(name) else ""
+            self.notes[name].value = note_html(notes[name]) if notes.get(name) else ""
         option = choices.option("attn_implementation", result.form.attn_implementation)
         if option is None:
             text = "not one of the advisor's rows: checked by the dry run only"

@@ -32,13 +32,18 @@ def unexpected(exc: Exception) -> str:
 
 @dataclass
 class Job:
-    """One submitted piece of work: compute off the lock, apply under it if still the newest of its kind."""
+    """One submitted piece of work: compute off the lock, apply under it if still the newest of its kind.
+
+    With ``progress``, ``compute`` is called with a function that hands it a partial result: applied at once by
+    ``progress`` under the lock, unless a newer job of the same kind came in (the slow parts fill in after).
+    """
 
     key: Hashable
     generation: int
-    compute: Callable[[], Any]
+    compute: Callable[..., Any]
     apply: Callable[[Any], None]
     due: float
+    progress: Callable[[Any], None] | None = None
 
 
 class Worker:
@@ -59,16 +64,24 @@ class Worker:
         self._thread: threading.Thread | None = None
 
     def submit(
-        self, key: Hashable, compute: Callable[[], Any], apply: Callable[[Any], None], delay: float | None = None
+        self,
+        key: Hashable,
+        compute: Callable[..., Any],
+        apply: Callable[[Any], None],
+        delay: float | None = None,
+        progress: Callable[[Any], None] | None = None,
     ) -> int:
-        """Queue work for ``key``, replacing any not yet started; its generation (0 once stopped)."""
+        """Queue work for ``key``, replacing any not yet started; its generation (0 once stopped).
+
+        ``progress``: ``compute`` takes one argument, a function it calls with each partial result (see Job).
+        """
         with self._cond:
             if self._stopped:
                 return 0
             generation = next(self._generations)
             self._newest[key] = generation
             due = time.monotonic() + (self.debounce if delay is None else delay)
-            self._pending[key] = Job(key, generation, compute, apply, due)
+            self._pending[key] = Job(key, generation, compute, apply, due, progress)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
@@ -99,7 +112,7 @@ class Worker:
     def _run(self) -> None:
         while (job := self._next()) is not None:
             try:
-                result = job.compute()
+                result = job.compute(self._poster(job)) if job.progress is not None else job.compute()
                 with LOCK:
                     if self.current(job.key, job.generation):
                         job.apply(result)
@@ -112,6 +125,14 @@ class Worker:
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
+
+    def _poster(self, job: Job) -> Callable[[Any], None]:
+        def post(partial: Any) -> None:
+            with LOCK:
+                if job.progress is not None and self.current(job.key, job.generation):
+                    job.progress(partial)
+
+        return post
 
     def idle(self) -> bool:
         """Nothing queued and nothing running."""

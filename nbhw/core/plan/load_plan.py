@@ -423,9 +423,10 @@ class LoadPlan(Shown):
         """The plan as text for terminals (``code=False`` leaves out the cell)."""
         return plan_text(self, code=code)
 
-    def html(self, *, code: bool = True) -> str:
-        """The plan as an HTML fragment."""
-        return plan_html(self, code=code)
+    def html(self, *, code: bool = True, run: bool = True, searches: bool = True) -> str:
+        """The plan as an HTML fragment (``run=False``: the weights only, the run still to come; ``searches=False``:
+        max context and max batch still to come)."""
+        return plan_html(self, code=code, run=run, searches=searches)
 
     def view(self, *, code: bool = True) -> PlanView:
         """A displayable report of this plan (``code=False``: without the cell, e.g. when it was just emitted)."""
@@ -488,8 +489,8 @@ def _dtype_note(plan: LoadPlan) -> str | None:
     return None
 
 
-def plan_notes(plan: LoadPlan) -> list[str]:
-    """Everything worth knowing that is not a problem."""
+def plan_notes(plan: LoadPlan, *, run: bool = True) -> list[str]:
+    """Everything worth knowing that is not a problem (``run=False``: not yet what the run's dry run says)."""
     out: list[str] = []
     if not plan.config.available:
         out.append(f"config not available, so the cell assumes a causal LM ({plan.auto_class})")
@@ -503,16 +504,16 @@ def plan_notes(plan: LoadPlan) -> list[str]:
     if plan.args.device_map == "meta":
         out.append("device_map='meta' loads the model without weights (transformers accepts it silently)")
     if plan.args.max_memory is not None and not (
-        isinstance(plan.args.device_map, str) and plan.placement and plan.placement.strategy
+        isinstance(plan.args.device_map, str) and plan.weight_placement and plan.weight_placement.strategy
     ):
         out.append("max_memory only changes anything with device_map auto / balanced / balanced_low_0 / sequential")
-    estimate = plan.estimate if plan.config.available else None
+    estimate = plan.weight_estimate if plan.config.available else None
     if estimate is not None:
         out += estimate.notes
-    placement = plan.placement if plan.config.available else None
+    placement = plan.weight_placement if plan.config.available else None
     if placement is not None:
         out += placement.notes
-    if plan.config.available:
+    if plan.config.available and run:
         out += run_view.run_notes(plan)
     return out
 
@@ -578,8 +579,8 @@ def plan_text(plan: LoadPlan, *, code: bool = True) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def plan_html(plan: LoadPlan, *, code: bool = True) -> str:
-    """The plan as an HTML fragment (every value escaped)."""
+def plan_html(plan: LoadPlan, *, code: bool = True, run: bool = True, searches: bool = True) -> str:
+    """The plan as an HTML fragment (every value escaped); without the run, the weights and what is coming."""
     esc = render.esc
     parts = [f'<div class="nbhw-plan"><p><b>{esc(_header(plan))}</b></p>']
     if code:
@@ -587,15 +588,15 @@ def plan_html(plan: LoadPlan, *, code: bool = True) -> str:
     problems = plan.check()
     items = "".join(f"<li>{esc(p)}</li>" for p in problems)
     parts.append(f"<p><b>{esc(_problems_title(problems))}</b></p>" + (f"<ul>{items}</ul>" if items else ""))
-    estimate = plan.estimate if plan.config.available else None
+    estimate = (plan.estimate if run else plan.weight_estimate) if plan.config.available else None
     if estimate is not None:
-        rows = [list(r) for r in run_view.estimate_rows(plan, estimate)]
-        parts.append(f"<p><b>{esc(run_view.run_title(plan))}</b></p>" + render.html_table(("", ""), rows))
-    placement = plan.placement if plan.config.available else None
+        rows = [list(r) for r in run_view.estimate_rows(plan, estimate, run=run, searches=searches)]
+        parts.append(f"<p><b>{esc(run_view.run_title(plan, run=run))}</b></p>" + render.html_table(("", ""), rows))
+    placement = (plan.placement if run else plan.weight_placement) if plan.config.available else None
     if placement is not None:
         parts.append(f"<p><b>Placement: {esc(placement.verdict)}</b><br>{esc(_placement_title(plan, placement))}</p>")
         parts.append(render.html_table(run_view.share_headers(placement), run_view.share_rows(placement)))
-    extra = plan_notes(plan)
+    extra = plan_notes(plan, run=run)
     if extra:
         parts.append("<p><b>Notes</b></p><ul>" + "".join(f"<li>{esc(n)}</li>" for n in extra) + "</ul>")
     parts.append("</div>")

@@ -24,13 +24,13 @@ def count(n: int) -> str:
     return str(n)
 
 
-def run_title(plan: Any) -> str:
+def run_title(plan: Any, *, run: bool = True) -> str:
     """What the run is: tokens per sequence (and the encoder's), batch, and whether they are the defaults."""
     tokens = f"{plan.context:,} tokens per sequence (prompt + generated"
     tokens += ", the default: 4,096 or the model's maximum when smaller)" if plan.args.context is None else ")"
-    run = plan.run
-    if run is not None and run.encoder_tokens is not None:
-        tokens = f"decoder {tokens}, encoder {run.encoder_tokens:,} tokens"
+    encoder = plan.run.encoder_tokens if run and plan.run is not None else plan.args.encoder_length
+    if encoder is not None:
+        tokens = f"decoder {tokens}, encoder {encoder:,} tokens"
     return f"Estimate for {tokens}, batch {plan.batch}"
 
 
@@ -98,46 +98,67 @@ def _load_row(plan: Any) -> str | None:
     return f"{size(peak.rss_bytes)} resident at the peak: {size(peak.private_bytes)} private ({why}) + {pages}"
 
 
-def estimate_rows(plan: Any, e: Estimate) -> list[tuple[str, str]]:
-    """The estimate's rows: weights, then the run, then training."""
+PENDING = "planning… (the dry run of generate() fills this in)"
+SEARCHING = "searching… (a few more dry runs)"
+
+
+def estimate_rows(plan: Any, e: Estimate, *, run: bool = True, searches: bool = True) -> list[tuple[str, str]]:
+    """The estimate's rows: weights, then the run, then training. ``run=False``: the weights only, the run's rows
+    saying it is coming (the Load tab shows them first); ``searches=False``: max context and batch still coming."""
     quant = f", {e.quantization} weights" if e.quantization else ""
     rows = [
         ("parameters", f"{count(e.parameters)} ({count(e.non_embedding_parameters)} without the input embedding)"),
         ("weights", f"{size(e.total_bytes)} in {e.dtype}{quant}"),
         ("largest layer", f"{size(e.largest_layer_bytes)}  {', '.join(e.largest_layer[:3])}"),
-        ("KV cache", _cache_row(plan, e)),
     ]
-    run = plan.run
-    if run is not None:
-        if e.state_bytes:
-            rows.append(("state", f"{size(e.state_bytes)} of the cache: fixed recurrent / conv state"))
-        if e.cross_cache_bytes:
-            rows.append(("cross-attention", f"{size(e.cross_cache_bytes)} of the cache: keys and values of "
-                                            f"{run.encoder_tokens:,} encoder tokens"))  # fmt: skip
-        kernels = ", ".join(f"{k} x{n}" for k, n in run.kernels.items()) or "none"
-        rows += [
-            ("activations", f"{size(e.activation_bytes)} at the prefill's peak above weights and cache "
-                            f"(attention sized as {kernels}; logits of the last position only, as generate() asks)"
-             if run.logits_to_keep else f"{size(e.activation_bytes)} at the peak above weights and cache "
-                                        f"(attention sized as {kernels})"),
-            ("peak", f"{size(e.peak_bytes)}: weights, cache and activations at the run's worst moment"
-                     + (", every device together" if len(run.devices) > 1 else "")),
-            ("reserve", _reserve_row(plan)),
-            ("max context", _max_context_row(plan)),
-            ("max batch", _max_batch_row(plan)),
-        ]  # fmt: skip
+    if not run:
+        rows += [("KV cache", PENDING), ("peak", PENDING)]
+        return [*rows, _training_row(e)]
+    rows.append(("KV cache", _cache_row(plan, e)))
+    if plan.run is not None:
+        rows += _run_rows(plan, e, searches)
     load = _load_row(plan)
     if load is not None:
         rows.append(("host at load", load))
-    rows.append(
-        (
-            "training",
-            f"{size(e.training_total)} for weights, gradients and Adam states together "
-            f"(largest single stage {size(e.training_peak)}); full fine-tuning in {e.training_precision} "
-            "mixed precision, batch size 1, activations not included (accelerate's figures)",
-        )
+    return [*rows, _training_row(e)]
+
+
+def _training_row(e: Estimate) -> tuple[str, str]:
+    return (
+        "training",
+        f"{size(e.training_total)} for weights, gradients and Adam states together "
+        f"(largest single stage {size(e.training_peak)}); full fine-tuning in {e.training_precision} "
+        "mixed precision, batch size 1, activations not included (accelerate's figures)",
     )
-    return rows
+
+
+def _activations(run: Any, e: Estimate) -> str:
+    kernels = ", ".join(f"{k} x{n}" for k, n in run.kernels.items()) or "none"
+    if run.logits_to_keep:
+        return (
+            f"{size(e.activation_bytes)} at the prefill's peak above weights and cache (attention sized as "
+            f"{kernels}; logits of the last position only, as generate() asks)"
+        )
+    return f"{size(e.activation_bytes)} at the peak above weights and cache (attention sized as {kernels})"
+
+
+def _run_rows(plan: Any, e: Estimate, searches: bool) -> list[tuple[str, str]]:
+    run = plan.run
+    rows: list[tuple[str, str]] = []
+    if e.state_bytes:
+        rows.append(("state", f"{size(e.state_bytes)} of the cache: fixed recurrent / conv state"))
+    if e.cross_cache_bytes:
+        held = f"{size(e.cross_cache_bytes)} of the cache: keys and values of {run.encoder_tokens:,} encoder tokens"
+        rows.append(("cross-attention", held))
+    together = ", every device together" if len(run.devices) > 1 else ""
+    return [
+        *rows,
+        ("activations", _activations(run, e)),
+        ("peak", f"{size(e.peak_bytes)}: weights, cache and activations at the run's worst moment{together}"),
+        ("reserve", _reserve_row(plan)),
+        ("max context", _max_context_row(plan) if searches else SEARCHING),
+        ("max batch", _max_batch_row(plan) if searches else SEARCHING),
+    ]
 
 
 WEIGHT_HEADERS = ("device", "layers", "weights", "budget", "device_map entries")
