@@ -26,6 +26,9 @@ from nbhw.ui.codebox import codebox
 from nbhw.ui.tree import close_tree
 from nbhw.ui.worker import LOCK, Worker, locked, unexpected
 
+# A change of a control is one message (dropdowns, checkboxes, and text fields on Enter): a short quiet time still
+# plans a burst once, and the code follows a change within the 0.25 s a person notices.
+DEBOUNCE = 0.02
 DEFAULT = ""  # the dropdown value of "None" (the default): ipywidgets reads a None value as "nothing selected"
 LABEL_WIDTH = "150px"
 CHOICES_CACHE = 16
@@ -176,11 +179,11 @@ def coming(text: str) -> str:
     return f'<p class="nbhw-note nbhw-coming">{render.esc(text)}</p>'
 
 
-def compute(form: Form, post: Callable[[Result], None] | None = None) -> Result:
+def compute(form: Form, post: Callable[[Result], bool] | None = None) -> Result:
     """Choices, preview and HTML for a form (the worker runs this off the kernel's thread); ``post`` receives each
-    part as it is ready."""
+    part as it is ready, and says False once a newer change made this one stale (the rest is then skipped)."""
     try:
-        return _compute(form, post or (lambda _: None))
+        return _compute(form, post or (lambda _: True))
     except Exception as exc:
         failed = Preview(form, error=unexpected(exc))
         return Result(form, None, failed, "", "", message_html(failed, None))
@@ -191,7 +194,7 @@ def _known_choices(form: Form) -> Choices | None:
     return _choices.peek(key)
 
 
-def _compute(form: Form, post: Callable[[Result], None]) -> Result:
+def _compute(form: Form, post: Callable[[Result], bool]) -> Result:
     choices = _known_choices(form)
     if form.dtype is None:
         advised = choices.advised_dtype if choices is not None else load_form.quick_dtype(form)
@@ -205,7 +208,9 @@ def _compute(form: Form, post: Callable[[Result], None]) -> Result:
     if preview.error is not None:
         return Result(form, choices, preview, "", "", message_html(preview, choices))
     waiting = "<span class='nbhw-note'>checking with transformers…</span>"
-    post(Result(form, choices, preview, "", coming("the dry run and the estimate are coming"), waiting, done=False))
+    first = Result(form, choices, preview, "", coming("the dry run and the estimate are coming"), waiting, done=False)
+    if not post(first):
+        return first  # stale: a newer change is queued
     found = _choices_or_error(form) if choices is None else choices
     if isinstance(found, Result):
         return found
@@ -217,10 +222,14 @@ def _compute(form: Form, post: Callable[[Result], None]) -> Result:
     report = coming(f"the run at {plan.context:,} tokens, batch {plan.batch}: planning…") + plan.html(
         code=False, run=False
     )
-    post(Result(form, found, preview, weights, report, message, notes, done=False))
+    checked = Result(form, found, preview, weights, report, message, notes, done=False)
+    if not post(checked):
+        return checked
     picture = picture_html(preview, run=True) + budget_html(preview)
     report = coming("max context and max batch: searching…") + plan.html(code=False, searches=False)
-    post(Result(form, found, preview, picture, report, message, notes, done=False))
+    sized = Result(form, found, preview, picture, report, message, notes, done=False)
+    if not post(sized):
+        return sized
     return Result(form, found, preview, picture, plan.html(code=False), message, notes)
 
 
@@ -371,7 +380,9 @@ class LoadView:
     def refresh(self) -> int:
         """Plan the current form in the background, each part shown as it comes; the job's generation."""
         form = self.form
-        return self.worker.submit(self._key, lambda post: compute(form, post), self._apply, progress=self._apply)
+        return self.worker.submit(
+            self._key, lambda post: compute(form, post), self._apply, delay=DEBOUNCE, progress=self._apply
+        )
 
     # -- applying a result (under the lock, on the worker's thread)
 

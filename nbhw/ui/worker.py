@@ -35,7 +35,8 @@ class Job:
     """One submitted piece of work: compute off the lock, apply under it if still the newest of its kind.
 
     With ``progress``, ``compute`` is called with a function that hands it a partial result: applied at once by
-    ``progress`` under the lock, unless a newer job of the same kind came in (the slow parts fill in after).
+    ``progress`` under the lock, unless a newer job of the same kind came in (the slow parts fill in after). That
+    function returns False once the job is stale, so ``compute`` can stop early.
     """
 
     key: Hashable
@@ -126,11 +127,14 @@ class Worker:
                     self._busy = False
                     self._cond.notify_all()
 
-    def _poster(self, job: Job) -> Callable[[Any], None]:
-        def post(partial: Any) -> None:
+    def _poster(self, job: Job) -> Callable[[Any], bool]:
+        def post(partial: Any) -> bool:
+            """Apply a partial result if the job is still the newest of its kind; whether it is (else stop)."""
             with LOCK:
-                if job.progress is not None and self.current(job.key, job.generation):
-                    job.progress(partial)
+                if job.progress is None or not self.current(job.key, job.generation):
+                    return False
+                job.progress(partial)
+                return True
 
         return post
 
