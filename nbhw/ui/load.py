@@ -53,18 +53,24 @@ STYLE = """<style>
 </style>"""
 
 _choices: Recent[Choices] = Recent(CHOICES_CACHE)
+# The newest choices per model, device and offline, whatever the dtype: shown with the code of a new dtype until its
+# own choices are known (only the attention rows' marks can differ, for a moment).
+_nearby: Recent[Choices] = Recent(CHOICES_CACHE)
 
 
 def cached_choices(form: Form) -> Choices:
     """The choices for a form's model, device and dtype, computed once per combination."""
     model, device_map, dtype, offline = form.model.strip(), form.device_map, form.dtype, form.offline
     key = (model, device_map, dtype, offline)
-    return _choices.get(key, lambda: load_form.choices(model, device_map=device_map, dtype=dtype, offline=offline))
+    found = _choices.get(key, lambda: load_form.choices(model, device_map=device_map, dtype=dtype, offline=offline))
+    _nearby.put((model, device_map, offline), found)
+    return found
 
 
 def clear_cache() -> None:
     """Forget cached choices (detection and advice are read again)."""
     _choices.clear()
+    _nearby.clear()
 
 
 # ---------------------------------------------------------------- HTML pieces
@@ -132,6 +138,7 @@ class Result:
     message: str = ""
     notes: dict[str, str] | None = None
     done: bool = True
+    advised: str | None = None  # the precision advice's dtype, before the choices are known
 
 
 PARTS = {"weights": "weights", "cache": "#f2a541", "activations": "#e4572e", "reserve": "#8d8d8d"}
@@ -190,14 +197,15 @@ def compute(form: Form, post: Callable[[Result], bool] | None = None) -> Result:
 
 
 def _known_choices(form: Form) -> Choices | None:
-    key = (form.model.strip(), form.device_map, form.dtype, form.offline)
-    return _choices.peek(key)
+    """The form's choices if they are known, else those of the same model and device with another dtype."""
+    found = _choices.peek((form.model.strip(), form.device_map, form.dtype, form.offline))
+    return found if found is not None else _nearby.peek((form.model.strip(), form.device_map, form.offline))
 
 
 def _compute(form: Form, post: Callable[[Result], bool]) -> Result:
     choices = _known_choices(form)
+    advised = choices.advised_dtype if choices is not None else load_form.quick_dtype(form)
     if form.dtype is None:
-        advised = choices.advised_dtype if choices is not None else load_form.quick_dtype(form)
         if advised is None:
             asked = _choices_or_error(form)
             if isinstance(asked, Result):
@@ -208,10 +216,11 @@ def _compute(form: Form, post: Callable[[Result], bool]) -> Result:
     if preview.error is not None:
         return Result(form, choices, preview, "", "", message_html(preview, choices))
     waiting = "<span class='nbhw-note'>checking with transformers…</span>"
-    first = Result(form, choices, preview, "", coming("the dry run and the estimate are coming"), waiting, done=False)
+    first = Result(form, choices, preview, "", coming("the dry run and the estimate are coming"), waiting, done=False,
+                   advised=advised)  # fmt: skip
     if not post(first):
         return first  # stale: a newer change is queued
-    found = _choices_or_error(form) if choices is None else choices
+    found = _choices_or_error(form)
     if isinstance(found, Result):
         return found
     plan = preview.plan
@@ -395,8 +404,13 @@ class LoadView:
             self.form = result.form
             if result.choices is not None and result.choices is not self.choices:
                 self._show_choices(result.choices, result.form)
-            if self.choices is not None:  # before the choices, a dropdown would show the value as "(given)"
+            if self.choices is not None:
                 self._show_form(result.form)
+            elif result.advised is not None:  # before the choices: the dtypes, the advised one marked
+                pairs = _pairs(load_form.dtype_options(result.advised), result.form.dtype)
+                with self.inputs["dtype"].hold_sync():
+                    self.inputs["dtype"].options = pairs
+                    self.inputs["dtype"].value = result.form.dtype or DEFAULT
             self._show_notes(result)
             self.message.value = result.message
             self.code.show(result.preview.code)

@@ -339,10 +339,14 @@ def _attention_options(hardware: Hardware, advice: AttentionAdvice) -> tuple[lis
     return options, ""
 
 
+def dtype_options(advised: str) -> list[Option]:
+    """The dtype dropdown: every dtype offered, the advised one marked."""
+    return [Option(d, f"{d} (advised)" if d == advised else d) for d in OFFERED]
+
+
 def _dtype_options(hardware: Hardware, advice: AttentionAdvice) -> tuple[list[Option], str]:
     advised = advice.precision.dtype
-    options = [Option(d, f"{d} (advised)" if d == advised else d) for d in OFFERED]
-    return options, f"advised for {advice.device}: {advised} — {advice.precision.reason}"
+    return dtype_options(advised), f"advised for {advice.device}: {advised} — {advice.precision.reason}"
 
 
 # What each dropdown offers here, and the note beside it, by argument name (a test checks every dropdown has one).
