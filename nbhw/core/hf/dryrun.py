@@ -277,11 +277,12 @@ def placed(model: Any, device_map: dict[str, Hashable], track: Any) -> Iterator[
 
 def device_of_module(name: str, device_map: dict[str, Hashable]) -> Hashable:
     """Where a module's tensors go: the device_map entry with the longest prefix of its name, as accelerate reads it."""
-    best, value = -1, next(iter(device_map.values()))
-    for key, device in device_map.items():
-        if (key in ("", name) or name.startswith(key + ".")) and len(key) > best:
-            best, value = len(key), device
-    return value
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        found = device_map.get(".".join(parts[:end]), device_map)  # the dict itself: "no such entry"
+        if found is not device_map:
+            return found
+    return device_map.get("", next(iter(device_map.values())))
 
 
 def track_weights(track: Any, model: Any, device_map: dict[str, Hashable]) -> None:
@@ -509,14 +510,18 @@ class _Routing:
     def __torch_function__(self, func: Callable[..., Any], types: Any, args: Any = (), kwargs: Any = None) -> Any:
         t = _torch()
         kwargs = kwargs or {}
-        on_meta = bool(args) and isinstance(args[0], t.Tensor) and args[0].device.type == "meta"
-        if on_meta and func is t.sdpa:
+        if func is t.sdpa and _on_meta(args, t):
             call = _Sdpa(*args, **kwargs)
             kernel = self._kernel(call)
             self._count(kernel)
             if kernel != "math":
                 return _fused(kernel, call)
-        if on_meta and func in t.grouped_mm and args[0].dtype != t.torch.bfloat16 and kwargs.get("offs") is not None:
+        elif (
+            func in t.grouped_mm
+            and _on_meta(args, t)
+            and args[0].dtype != t.torch.bfloat16
+            and kwargs.get("offs") is not None
+        ):
             # grouped_mm's meta registration applies CUDA's bfloat16-only check; the CPU kernel (torch >= 2.9) takes
             # any float dtype. The output is (rows, out_features) either way, which is exactly the fake / meta
             # implementation of transformers' own fallback op.
@@ -533,6 +538,10 @@ class _Routing:
         if self.target == "cuda":
             return _cuda_kernel(call)
         return "math"
+
+
+def _on_meta(args: Any, t: SimpleNamespace) -> bool:
+    return bool(args) and isinstance(args[0], t.Tensor) and args[0].device.type == "meta"
 
 
 @cache

@@ -332,8 +332,7 @@ class _DryRun:
     def __init__(self, model: Any, sizes: Sizes) -> None:
         self.model, self.sizes, self.dev = model, sizes, model.device
         self.device_map = dict(sizes.device_map)
-        budget = max(MIN_OPS, OPS_PER_MODULE * sum(1 for _ in model.modules()))
-        self.tracker = dryrun.tracker(_device_labels(self.device_map), max_ops=budget)
+        self.tracker = dryrun.tracker(_device_labels(self.device_map), max_ops=op_budget(model))
         dryrun.track_weights(self.tracker, model, self.device_map)
         self.weights = list(self.tracker.totals)
         self.encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
@@ -483,6 +482,21 @@ class _DryRun:
             seconds=time.perf_counter() - started,
         )  # fmt: skip
         return _Run(estimate, timeline, list(track.devices))
+
+
+_MODULES: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+
+def modules(model: Any) -> int:
+    """How many modules a model has (remembered: an 80-layer model has ~1,000)."""
+    if model not in _MODULES:
+        _MODULES[model] = sum(1 for _ in model.modules())
+    return _MODULES[model]
+
+
+def op_budget(model: Any) -> int:
+    """The most ops a dry run of this model may dispatch before it is called a loop over tokens."""
+    return max(MIN_OPS, OPS_PER_MODULE * modules(model))
 
 
 def _padded(timeline: list[tuple[int, ...]], devices: int) -> list[tuple[int, ...]]:
@@ -812,7 +826,7 @@ def max_context(
 def _ops_grow(model: Any, measure: Callable[[int], _Run], first: int) -> bool:
     """Whether the dry run's op count grows with the context (a Python loop over tokens or chunks): far more ops per
     module than a forward of fused layers makes (11-16 per module for a prefill and a decode step)."""
-    return len(measure(first).timeline) > LOOP_OPS_PER_MODULE * sum(1 for _ in model.modules())
+    return len(measure(first).timeline) > LOOP_OPS_PER_MODULE * modules(model)
 
 
 def _covered_context(model: Any, measure: Callable[[int], _Run], first: int) -> int:
@@ -822,7 +836,7 @@ def _covered_context(model: Any, measure: Callable[[int], _Run], first: int) -> 
     ops_low, ops_first = len(measure(low).timeline), len(measure(first).timeline)
     if ops_first <= ops_low or first == low:
         return first
-    budget = max(MIN_OPS, OPS_PER_MODULE * sum(1 for _ in model.modules()))
+    budget = op_budget(model)
     per_token = (ops_first - ops_low) / (first - low)
     return int(first + 0.9 * (budget - ops_first) / per_token)
 
