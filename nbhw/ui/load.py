@@ -10,7 +10,6 @@ each part under the widgets' lock unless a newer change came in. "Insert cell be
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +19,7 @@ from nbhw.core import render
 from nbhw.core.argument import Argument
 from nbhw.core.cache import Recent
 from nbhw.core.errors import UserError
+from nbhw.core.hf import dryrun
 from nbhw.core.plan import load_form
 from nbhw.core.plan.load_form import CONTROLS, Choices, Form, Option, Preview, Unit
 from nbhw.ui.codebox import codebox
@@ -186,11 +186,26 @@ def coming(text: str) -> str:
     return f'<p class="nbhw-note nbhw-coming">{render.esc(text)}</p>'
 
 
-def compute(form: Form, post: Callable[[Result], bool] | None = None) -> Result:
-    """Choices, preview and HTML for a form (the worker runs this off the kernel's thread); ``post`` receives each
-    part as it is ready, and says False once a newer change made this one stale (the rest is then skipped)."""
+class _Keep:
+    """The ``post`` of a compute run outside the worker: every part is wanted."""
+
+    def __call__(self, partial: Result) -> bool:
+        return True
+
+    def stale(self) -> bool:
+        return False
+
+
+def compute(form: Form, post: Any = None) -> Result:
+    """Choices, preview and HTML for a form (the worker runs this off the kernel's thread); ``post`` (the worker's
+    Poster) receives each part as it is ready, and says False once a newer change made this one stale: the rest
+    is skipped, a dry run under way included (it stops between two ops)."""
+    post = post or _Keep()
     try:
-        return _compute(form, post or (lambda _: True))
+        with dryrun.interruptible(post.stale):
+            return _compute(form, post)
+    except dryrun.Interrupted:
+        return Result(form, None, Preview(form), "", "", "", done=False)  # stale: the worker drops it
     except Exception as exc:
         failed = Preview(form, error=unexpected(exc))
         return Result(form, None, failed, "", "", message_html(failed, None))
@@ -202,7 +217,7 @@ def _known_choices(form: Form) -> Choices | None:
     return found if found is not None else _nearby.peek((form.model.strip(), form.device_map, form.offline))
 
 
-def _compute(form: Form, post: Callable[[Result], bool]) -> Result:
+def _compute(form: Form, post: Any) -> Result:
     choices = _known_choices(form)
     advised = choices.advised_dtype if choices is not None else load_form.quick_dtype(form)
     if form.dtype is None:
@@ -317,6 +332,7 @@ class LoadView:
         self.code = codebox()
         self.picture = w.HTML()
         self.report = w.HTML()
+        self.report.add_class("nbhw-load-report")
 
     def _input(self, declared: Argument, word: Any) -> Any:
         label = {"description_width": LABEL_WIDTH}

@@ -19,7 +19,7 @@ from typing import Any
 
 from nbhw.ui.memory import LOCK  # the one lock of every nbhw widget, shared with the memory graph
 
-__all__ = ["DEBOUNCE", "LOCK", "THREAD_NAME", "Job", "Worker", "locked"]
+__all__ = ["DEBOUNCE", "LOCK", "THREAD_NAME", "Job", "Poster", "Worker", "locked"]
 
 DEBOUNCE = 0.15
 THREAD_NAME = "nbhw-panel"
@@ -127,16 +127,8 @@ class Worker:
                     self._busy = False
                     self._cond.notify_all()
 
-    def _poster(self, job: Job) -> Callable[[Any], bool]:
-        def post(partial: Any) -> bool:
-            """Apply a partial result if the job is still the newest of its kind; whether it is (else stop)."""
-            with LOCK:
-                if job.progress is None or not self.current(job.key, job.generation):
-                    return False
-                job.progress(partial)
-                return True
-
-        return post
+    def _poster(self, job: Job) -> Poster:
+        return Poster(self, job)
 
     def idle(self) -> bool:
         """Nothing queued and nothing running."""
@@ -168,6 +160,26 @@ class Worker:
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+
+
+class Poster:
+    """What a job's ``compute`` is handed with ``progress``: call it with a partial result (applied under the lock if
+    the job is still the newest of its kind; it says whether it is), ask ``stale()`` between slow steps."""
+
+    def __init__(self, worker: Worker, job: Job) -> None:
+        self.worker = worker
+        self.job = job
+
+    def __call__(self, partial: Any) -> bool:
+        with LOCK:
+            if self.job.progress is None or self.stale():
+                return False
+            self.job.progress(partial)
+            return True
+
+    def stale(self) -> bool:
+        """Whether a newer job of the same kind came in (or the worker stopped)."""
+        return not self.worker.current(self.job.key, self.job.generation)
 
 
 @functools.cache

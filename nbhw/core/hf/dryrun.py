@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache, lru_cache
@@ -63,6 +64,29 @@ def _torch() -> SimpleNamespace:
 
 
 # ----------------------------------------------------------------------------------------------- the tracker
+
+
+class Interrupted(BaseException):
+    """The caller no longer wants this dry run (a newer change in the Load tab): it stops between two ops.
+
+    A BaseException, so no ``except Exception`` on the way turns it into a finding: nothing is remembered of it.
+    """
+
+
+_interrupt = threading.local()
+CHECK_EVERY = 256  # ops between two asks of the caller's stop(): about a millisecond of a dry run
+
+
+@contextlib.contextmanager
+def interruptible(stop: Callable[[], bool]) -> Iterator[None]:
+    """Within the block (this thread), a dry run asks ``stop()`` every few hundred ops and raises Interrupted when
+    it says so."""
+    previous = getattr(_interrupt, "stop", None)
+    _interrupt.stop = stop
+    try:
+        yield
+    finally:
+        _interrupt.stop = previous
 
 
 class TooManyOps(RuntimeError):
@@ -167,8 +191,12 @@ class _Lean:
                 if isinstance(item, t.Tensor):
                     self._track(t.act, item)
         self.timeline.append(tuple(self.totals))
-        if self.max_ops is not None and len(self.timeline) > self.max_ops:
-            raise TooManyOps(self.max_ops)
+        if len(self.timeline) % CHECK_EVERY == 0:
+            if self.max_ops is not None and len(self.timeline) > self.max_ops:
+                raise TooManyOps(self.max_ops)
+            stop = getattr(_interrupt, "stop", None)
+            if stop is not None and stop():
+                raise Interrupted
 
 
 @cache
@@ -279,9 +307,9 @@ def device_of_module(name: str, device_map: dict[str, Hashable]) -> Hashable:
     """Where a module's tensors go: the device_map entry with the longest prefix of its name, as accelerate reads it."""
     parts = name.split(".")
     for end in range(len(parts), 0, -1):
-        found = device_map.get(".".join(parts[:end]), device_map)  # the dict itself: "no such entry"
-        if found is not device_map:
-            return found
+        key = ".".join(parts[:end])
+        if key in device_map:
+            return device_map[key]
     return device_map.get("", next(iter(device_map.values())))
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from nbhw.core.argument import argument, arguments, checked
 from nbhw.core.dtypes import check_dtype
 from nbhw.core.errors import UserError, one_of
+from nbhw.core.hf import library_source
 from nbhw.core.hf.meta_build import is_hub_kernel, quiet
 from nbhw.core.render import py_literal
 
@@ -34,7 +35,11 @@ MemoryKey = int | str
 
 @lru_cache(maxsize=1)
 def strategy_names() -> tuple[str, ...]:
-    """The device_map strings transformers computes a map for, read from its own error message."""
+    """The device_map strings transformers computes a map for: read from its source (no import, so the Load tab's
+    first code doesn't wait for transformers' modeling code), else from its own error message."""
+    found = library_source.device_map_strategies()
+    if found:
+        return found
     # lazy: import nbhw and %load_ext nbhw stay free of transformers
     from transformers.integrations.accelerate import check_and_set_device_map
 
@@ -66,14 +71,9 @@ def _torch_device(text: str) -> str:
 
 
 def _is_strategy(text: str) -> bool:
-    """Whether transformers treats this string as a strategy (auto, balanced, ...) rather than a device."""
-    # lazy: import nbhw and %load_ext nbhw stay free of transformers
-    from transformers.integrations.accelerate import check_and_set_device_map
-
-    try:
-        return isinstance(check_and_set_device_map(text), str)
-    except (ValueError, RuntimeError, AssertionError):
-        return False
+    """Whether transformers treats this string as a strategy (auto, balanced, ...) rather than a device: its
+    check_and_set_device_map returns exactly those strings as they are."""
+    return text in strategy_names()
 
 
 def _dict_value(module: str, value: Any) -> int | str:
