@@ -22,7 +22,7 @@ from nbhw.core.errors import UserError
 from nbhw.core.hf import dryrun
 from nbhw.core.plan import load_form
 from nbhw.core.plan.load_form import CONTROLS, Choices, Form, Option, Preview, Unit
-from nbhw.ui.codebox import codebox
+from nbhw.ui.codebox import codebox, highlight
 from nbhw.ui.tree import close_tree
 from nbhw.ui.worker import LOCK, Worker, locked, unexpected
 
@@ -139,6 +139,11 @@ class Result:
     notes: dict[str, str] | None = None
     done: bool = True
     advised: str | None = None  # the precision advice's dtype, before the choices are known
+    code_html: str | None = None  # the code highlighted, made off the widgets' lock
+
+    def __post_init__(self) -> None:
+        if self.code_html is None:
+            self.code_html = highlight(self.preview.code)
 
 
 PARTS = {"weights": "weights", "cache": "#f2a541", "activations": "#e4572e", "reserve": "#8d8d8d"}
@@ -233,6 +238,7 @@ def _compute(form: Form, post: Any) -> Result:
     waiting = "<span class='nbhw-note'>checking with transformers…</span>"
     first = Result(form, choices, preview, "", coming("the dry run and the estimate are coming"), waiting, done=False,
                    advised=advised)  # fmt: skip
+    html = first.code_html
     if not post(first):
         return first  # stale: a newer change is queued
     found = _choices_or_error(form)
@@ -246,15 +252,15 @@ def _compute(form: Form, post: Any) -> Result:
     report = coming(f"the run at {plan.context:,} tokens, batch {plan.batch}: planning…") + plan.html(
         code=False, run=False
     )
-    checked = Result(form, found, preview, weights, report, message, notes, done=False)
+    checked = Result(form, found, preview, weights, report, message, notes, done=False, code_html=html)
     if not post(checked):
         return checked
     picture = picture_html(preview, run=True) + budget_html(preview)
     report = coming("max context and max batch: searching…") + plan.html(code=False, searches=False)
-    sized = Result(form, found, preview, picture, report, message, notes, done=False)
+    sized = Result(form, found, preview, picture, report, message, notes, done=False, code_html=html)
     if not post(sized):
         return sized
-    return Result(form, found, preview, picture, plan.html(code=False), message, notes)
+    return Result(form, found, preview, picture, plan.html(code=False), message, notes, code_html=html)
 
 
 def _choices_or_error(form: Form) -> Choices | Result:
@@ -307,7 +313,7 @@ class LoadView:
         for control in self.controls():
             control.observe(self._changed, names="value")
         self._set_memory_fields([load_form.MemoryField(k, k, None) for k, _ in form.max_memory])
-        self.refresh()
+        self.refresh(delay=0.0)  # the first plan is no burst of changes
 
     def _make_controls(self, form: Form, models: list[str]) -> None:
         w = _ipywidgets()
@@ -402,11 +408,11 @@ class LoadView:
             self.message.value = "<span class='nbhw-note'>planning…</span>"
             self.refresh()
 
-    def refresh(self) -> int:
+    def refresh(self, delay: float = DEBOUNCE) -> int:
         """Plan the current form in the background, each part shown as it comes; the job's generation."""
         form = self.form
         return self.worker.submit(
-            self._key, lambda post: compute(form, post), self._apply, delay=DEBOUNCE, progress=self._apply
+            self._key, lambda post: compute(form, post), self._apply, delay=delay, progress=self._apply
         )
 
     # -- applying a result (under the lock, on the worker's thread)
@@ -429,7 +435,7 @@ class LoadView:
                     self.inputs["dtype"].value = result.form.dtype or DEFAULT
             self._show_notes(result)
             self.message.value = result.message
-            self.code.show(result.preview.code)
+            self.code.show(result.preview.code, html=result.code_html)
             self.picture.value = result.picture
             self.report.value = result.report
             if result.done:

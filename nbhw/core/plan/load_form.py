@@ -10,6 +10,7 @@ one-line message when an entry is a mistake. Nothing here raises for a user's en
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -21,6 +22,7 @@ from nbhw.core.advice import precision
 from nbhw.core.advice.attention import AttentionAdvice, advise
 from nbhw.core.advice.attention_rules import device_types, parse_device
 from nbhw.core.argument import Argument
+from nbhw.core.cache import Recent
 from nbhw.core.dtypes import OFFERED
 from nbhw.core.errors import UserError
 from nbhw.core.hardware.detect import Hardware, detect
@@ -459,10 +461,14 @@ def size_notes(plan: LoadPlan) -> dict[str, str]:
     return notes
 
 
+_hardware: Recent[Hardware] = Recent(1)
+HARDWARE_SECONDS = 2.0  # the Devices tab has just read it: the dtype advice needs no second reading that soon
+
+
 def quick_dtype(form: Form) -> str | None:
     """The advised dtype for the device the form's device_map names, from the precision advice alone (no attention
     rows: the code can show before the choices are known); None when the device can't be read."""
-    hardware = detect()
+    hardware = _hardware.get(int(time.monotonic() / HARDWARE_SECONDS), detect)
     try:
         target = parse_device(target_device(form.device_map, hardware), hardware)
     except UserError:
