@@ -15,6 +15,7 @@ from nbhw.core.advice.attention import advise
 from nbhw.core.argument import given
 from nbhw.core.errors import UserError
 from nbhw.core.hardware.detect import detect
+from nbhw.core.hardware.doctor import doctor
 from nbhw.core.hardware.report import report
 from nbhw.core.plan.load_plan import from_words
 
@@ -32,6 +33,13 @@ def _report(args: argparse.Namespace) -> int:
     result = report()
     print(result.json() if args.json else result.text())
     return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    """Exit 1 when a finding is an error: something will fail (a script can stop before loading)."""
+    result = doctor()
+    _printed(result, args)
+    return 1 if result.errors else 0
 
 
 def _memory(args: argparse.Namespace) -> int:
@@ -59,7 +67,14 @@ def _load(args: argparse.Namespace) -> int:
 
 
 # One runner per command of the table (nbhw.commands.COMMANDS); a test checks they match.
-RUNNERS = {"devices": _devices, "memory": _memory, "attention": _attention, "load": _load, "report": _report}
+RUNNERS = {
+    "devices": _devices,
+    "memory": _memory,
+    "attention": _attention,
+    "load": _load,
+    "report": _report,
+    "doctor": _doctor,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,7 +15,7 @@ from functools import lru_cache
 from typing import Any
 
 from nbhw.core.argument import argument, arguments, checked
-from nbhw.core.dtypes import check_dtype
+from nbhw.core.dtypes import DTYPE
 from nbhw.core.errors import UserError, one_of
 from nbhw.core.hf import library_source
 from nbhw.core.hf.meta_build import is_hub_kernel, quiet
@@ -337,10 +337,7 @@ class PlanArgs:
     Each field declares one argument (:func:`nbhw.core.argument.argument`): every surface reads it from here.
     """
 
-    dtype: str = argument(
-        default="auto", metavar="DTYPE", check=check_dtype, control="dropdown", emits="dtype",
-        help="float32, float16, bfloat16 or auto (the checkpoint's own); torch's aliases like half work too",
-    )  # fmt: skip
+    dtype: str = argument(**DTYPE, default="auto", control="dropdown", emits="dtype")
     device_map: DeviceMap = argument(
         default="auto", metavar="MAP", parse=device_map_from_text, check=check_device_map, word=device_map_word,
         control="dropdown", emits="device_map",

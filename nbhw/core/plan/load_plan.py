@@ -25,6 +25,7 @@ from nbhw.core.plan import codegen, estimate, run, run_plan, run_view
 from nbhw.core.plan.arguments import DISK, PLAN_ARGUMENTS, QUANTIZATION, PlanArgs, plan_args
 from nbhw.core.plan.estimate import Estimate
 from nbhw.core.plan.placement import LiveMemory, Placement, live_memory, place
+from nbhw.core.plan.preflight import warnings as preflight_warnings
 from nbhw.core.plan.quantized_sizes import PlanningQuantizer
 from nbhw.core.plan.run import Fit, LoadPeak, Reserve
 from nbhw.core.render import Shown
@@ -515,6 +516,7 @@ def plan_notes(plan: LoadPlan, *, run: bool = True) -> list[str]:
         out += placement.notes
     if plan.config.available and run:
         out += run_view.run_notes(plan)
+    out += preflight_warnings(plan)  # the hook: nbhw.doctor()'s findings this cell would hit, as warnings
     return out
 
 
