@@ -3,8 +3,9 @@
 The report hands a :class:`FitRequest` to a planner (any callable returning :class:`Fix` es). Two answer today:
 :func:`free_traceback_fix`, from the attribution (the bytes only the last error's traceback keeps), and
 :func:`run_planner_fixes`, the run planner's slot (issue 16: a shorter context or batch, offloading, a quantization
-method that runs here, gradient checkpointing for training, each with its projected peak). The run planner is not
-in this version yet, so that slot answers nothing and the report says so; it is filled where it is defined, here.
+method that runs here, gradient checkpointing for training, each with its projected peak). The run planner
+(``nbhw.core.plan.run``) reached main after this report was built and is not connected to the slot yet, so the slot
+answers nothing and the report says so; it is filled where it is defined, here.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from nbhw.core.memory.out_of_memory import FailedAllocation
 
 RUN_PLANNER_PENDING = (
     "a shorter context or batch, offloading, quantization, gradient checkpointing: not projected yet "
-    "(needs the run planner, not in this version)"
+    "(the run planner is not connected to this report yet)"
 )
 
 
@@ -52,8 +53,8 @@ Planner = Callable[[FitRequest], Sequence[Fix]]
 def run_planner_fixes(request: FitRequest) -> tuple[Fix, ...]:
     """The run planner's changes that would have fit ``request``, with their projected peaks: none yet.
 
-    Filled once the run planner (issue 16: projected bytes at a given context and batch) is in nbhw; until then the
-    report shows :data:`RUN_PLANNER_PENDING` in their place.
+    To be filled from the run planner (``nbhw.core.plan.run``: projected bytes at a given context and batch); until
+    it is connected the report shows :data:`RUN_PLANNER_PENDING` in their place.
     """
     return ()
 
