@@ -103,6 +103,14 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     _n(GEN, "GenerationMixin._maybe_prepare_encoder_kwargs_for_generation", "call", TF_V, "the encoder's run"),
     _n(GEN, "GenerationMixin._prepare_position_ids_for_generation", "call", TF_V, "position ids from the mask"),
     _n(GEN, "GenerationMixin._supports_logits_to_keep", "call", TF_V, "generate() computes the last logits only"),
+    _n(
+        GEN,
+        "GenerationMixin.generate",
+        "read",
+        TF_V,
+        "the OOM report reads its frame's locals input_ids and "
+        "generation_config (max_length set) to know which run ran out",
+    ),
     _n(GEN, "GenerationMixin._prefill", "source", TF_V, "the prefill forward; reads GenerationConfig._mask_length"),
     _n(GEN, "GenerationMixin._update_model_kwargs_for_generation", "call", TF_V, "kwargs between two steps"),
     # transformers: the decisions from_pretrained makes, asked of transformers itself

@@ -107,13 +107,13 @@ def reserve(label: Hashable, plan: Any) -> Reserve | None:
     """What the framework holds on one device outside tensors; None for disk (nothing runs there)."""
     backend = backend_of(label, plan)
     live_budget = plan.args.max_memory is None
+    override = plan.args.reserve_bytes
     if backend in (DISK, "meta"):
         return None
     if backend == "cpu":
         if live_budget:
             return Reserve("cpu", 0, "already in use: this process's imports count in the free memory read now", "")
-        return run.framework_reserve("cpu")
-    override = plan.args.reserve_bytes
+        return run.framework_reserve("cpu", override=override)
     if override is None and live_budget and backend in ("cuda", "rocm") and _cuda_context_exists():
         return Reserve(backend, 0, "this process's CUDA context exists: the free memory read now counts it", "")
     info = _device_info(label, plan)
