@@ -10,12 +10,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from nbhw import commands
-from nbhw.core.advice.arguments import ADVICE_ARGUMENTS
+from nbhw.core.advice import quantization
+from nbhw.core.advice.arguments import ADVICE_ARGUMENTS, QUANTIZATION_ARGUMENTS
 from nbhw.core.advice.attention import advise
 from nbhw.core.argument import given
 from nbhw.core.errors import UserError
 from nbhw.core.hardware.detect import detect
 from nbhw.core.hardware.report import report
+from nbhw.core.hardware.targets import targets
 from nbhw.core.plan.load_plan import from_words
 
 
@@ -49,6 +51,16 @@ def _attention(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quantization(args: argparse.Namespace) -> int:
+    _printed(quantization.advise(args.model, offline=args.offline, **given(args, QUANTIZATION_ARGUMENTS)), args)
+    return 0
+
+
+def _targets(args: argparse.Namespace) -> int:
+    _printed(targets(args.vendor), args)
+    return 0
+
+
 def _load(args: argparse.Namespace) -> int:
     plan = from_words(args)
     if args.emit:
@@ -59,7 +71,15 @@ def _load(args: argparse.Namespace) -> int:
 
 
 # One runner per command of the table (nbhw.commands.COMMANDS); a test checks they match.
-RUNNERS = {"devices": _devices, "memory": _memory, "attention": _attention, "load": _load, "report": _report}
+RUNNERS = {
+    "devices": _devices,
+    "memory": _memory,
+    "attention": _attention,
+    "load": _load,
+    "quantization": _quantization,
+    "targets": _targets,
+    "report": _report,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,12 +13,14 @@ from IPython.display import display
 from traitlets import Float
 
 from nbhw import commands
-from nbhw.core.advice.arguments import ADVICE_ARGUMENTS
+from nbhw.core.advice import quantization
+from nbhw.core.advice.arguments import ADVICE_ARGUMENTS, QUANTIZATION_ARGUMENTS
 from nbhw.core.advice.attention import advise
 from nbhw.core.argument import given
 from nbhw.core.errors import UserError
 from nbhw.core.hardware.detect import detect
 from nbhw.core.hardware.report import report
+from nbhw.core.hardware.targets import targets
 from nbhw.core.memory.arguments import MEMORY_ARGUMENTS
 from nbhw.core.plan.arguments import PLAN_ARGUMENTS
 from nbhw.core.plan.load_plan import from_words
@@ -90,6 +92,13 @@ class HwMagics(Magics):
 
     def _run_attention(self, args: argparse.Namespace) -> None:
         self._show(advise(args.model, offline=args.offline, **given(args, ADVICE_ARGUMENTS)), args)
+
+    def _run_quantization(self, args: argparse.Namespace) -> None:
+        found = quantization.advise(args.model, offline=args.offline, **given(args, QUANTIZATION_ARGUMENTS))
+        self._show(found, args)
+
+    def _run_targets(self, args: argparse.Namespace) -> None:
+        self._show(targets(args.vendor), args)
 
     def _run_load(self, args: argparse.Namespace) -> None:
         plan = from_words(args)  # a mistake in the words is a UsageError here, not a message in a panel

@@ -42,9 +42,17 @@ _choices: Recent[Choices] = Recent(CHOICES_CACHE)
 
 def cached_choices(form: Form) -> Choices:
     """The choices for a form's model, device and dtype, computed once per combination."""
-    model, device_map, dtype, offline = form.model.strip(), form.device_map, form.dtype, form.offline
-    key = (model, device_map, dtype, offline)
-    return _choices.get(key, lambda: load_form.choices(model, device_map=device_map, dtype=dtype, offline=offline))
+    model, device_map, dtype, offline, target = (
+        form.model.strip(),
+        form.device_map,
+        form.dtype,
+        form.offline,
+        form.target,
+    )
+    key = (model, device_map, dtype, offline, target)
+    return _choices.get(
+        key, lambda: load_form.choices(model, device_map=device_map, dtype=dtype, offline=offline, target=target)
+    )
 
 
 def clear_cache() -> None:
@@ -97,10 +105,17 @@ def message_html(preview: Preview, choices: Choices | None) -> str:
     if preview.error is not None:
         return f'<span class="nbhw-message nbhw-bad">✗ {render.esc(preview.error)}</span>'
     extra = f" ({render.esc(choices.problem)})" if choices is not None and choices.problem else ""
+    target = preview.plan.target if preview.plan is not None else None
+    lead = f"<b>{render.esc(target.not_here)}</b><br>" if target is not None else ""
     if preview.problems:
         n = len(preview.problems)
-        return f'<span class="nbhw-message nbhw-bad">Dry run: {n} problem{"s" if n > 1 else ""}</span>{extra}'
-    return f'<span class="nbhw-message">✓ Dry run: transformers accepts this plan here</span>{extra}'
+        return f'{lead}<span class="nbhw-message nbhw-bad">Dry run: {n} problem{"s" if n > 1 else ""}</span>{extra}'
+    accepted = (
+        f"transformers' checks, read for {target.label}, accept this plan"
+        if target
+        else "transformers accepts this plan here"
+    )
+    return f'{lead}<span class="nbhw-message">✓ Dry run: {accepted}</span>{extra}'
 
 
 @dataclass

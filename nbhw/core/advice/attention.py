@@ -88,7 +88,7 @@ class AttentionAdvice(Shown):
     notes: list[str]
     silent: list[str]
     transformers: str
-    target: str | None = None  # the catalog target the advice is for (hardware that is not here), if any
+    target: str | None = None  # the catalog target the advice is for (as target= takes it): hardware not here
     not_here: str | None = None
 
     def row(self, key: str) -> AttentionRow:
@@ -297,7 +297,7 @@ def advise(model: str | None = None, *, offline: bool = False, **arguments: Any)
         notes=_notes(env),
         silent=_silent(env, default),
         transformers=str(transformers.__version__),
-        target=target.catalog.label if target.catalog else None,
+        target=target.catalog.text if target.catalog else None,
         not_here=target.catalog.not_here if target.catalog else None,
     )
 
@@ -336,8 +336,9 @@ HEADERS = ("attn_implementation", "status", "checked", "why", "fix")
 def _title(a: AttentionAdvice) -> str:
     what = f"{a.model} ({a.model_class}, config from {a.model_source})" if a.model else "this hardware alone"
     here = "" if a.present else " — not present here"
-    if a.target is not None:
-        here = f" of {a.target} — hardware that is not here"
+    found = target_of(a.target)
+    if found is not None:
+        here = f" of {found.label} — hardware that is not here"
     dtype = f"dtype {a.dtype}" + ("" if a.dtype_given else " (advised)")
     return f"nbhw attention: {what} on {a.device}{here}, {dtype}, transformers {a.transformers}"
 

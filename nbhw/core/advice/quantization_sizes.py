@@ -84,8 +84,13 @@ class SizingQuantizer:
         qcls, _ = classes(key)
         self.key = key
         self.config = config
-        self.real: Any = object.__new__(qcls)  # only its sizing and skip rules are read: __init__ may need the package
-        self.real.quantization_config, self.real.pre_quantized = config, False
+        try:
+            self.real: Any = qcls(config, pre_quantized=False)
+        except Exception:
+            # Only its sizing and skip rules are read, so a quantizer whose __init__ needs its package (or refuses
+            # quantizing on load) is made without it.
+            self.real = object.__new__(qcls)
+            self.real.quantization_config, self.real.pre_quantized = config, False
         self.element, self.how = self._element_size()
         self.scales: set[str] = set()
         self.errors: list[str] = []  # kept for the plan, which reports the device_map checks transformers makes
@@ -129,7 +134,8 @@ class SizingQuantizer:
         module_name, _, leaf = param_name.rpartition(".")
         module = model.get_submodule(module_name)
         linear = type(module) is torch.nn.Linear or (isinstance(module, Conv1D) and self.key != "torchao")
-        if leaf != "weight" or not linear or not self.sized:
+        dequantized = bool(getattr(self.real.quantization_config, "dequantize", False))
+        if leaf != "weight" or not linear or not self.sized or dequantized:
             return False
         return bool(should_convert_module(module_name, self._skipped(model)))
 

@@ -17,6 +17,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from nbhw.core.argument import Argument
 from nbhw.core.errors import UserError
 from nbhw.core.hardware import backends
 from nbhw.core.hardware.data import BackendStatus, DeviceInfo
@@ -452,6 +453,9 @@ def _memory(a: Accelerator) -> str:
         return f"{a.usable_memory_gib:g} of {a.memory_gib:g} GiB"
     per = " per device" if a.devices_per_card > 1 else ""
     return f"{a.memory_gib:g} GiB{per}"
+
+
+VENDOR = Argument("vendor", "only this vendor's accelerators (NVIDIA, AMD, Intel, Apple, Google, AWS, Huawei)")
 
 
 def targets(vendor: str | None = None) -> Targets:

@@ -14,13 +14,15 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from nbhw.core.advice.quantization_methods import check_method
 from nbhw.core.argument import argument, arguments, checked
 from nbhw.core.dtypes import check_dtype
 from nbhw.core.errors import UserError, one_of
+from nbhw.core.hardware.targets import TARGET, check_target_args
 from nbhw.core.hf.meta_build import is_hub_kernel, quiet
 from nbhw.core.render import py_literal
 
-# --quantize word -> the BitsAndBytesConfig flag it sets.
+# --quantize word -> the BitsAndBytesConfig flag it sets (the other words are transformers' method keys).
 QUANTIZATION = {"4bit": "load_in_4bit", "8bit": "load_in_8bit"}
 DISK = "disk"
 NO_DEVICE_MAP = "none"  # the word for device_map=None
@@ -158,10 +160,8 @@ def check_attn(value: Any) -> str | None:
 
 
 def check_quantization(value: Any) -> str | None:
-    """'4bit', '8bit' or None."""
-    if value is None or value in QUANTIZATION:
-        return value  # type: ignore[no-any-return]
-    raise one_of("quantization", value, list(QUANTIZATION))
+    """'4bit', '8bit' (bitsandbytes), a method transformers quantizes on load with ('torchao', ...), or None."""
+    return check_method(value)
 
 
 # ---------------------------------------------------------------- max_memory
@@ -267,6 +267,7 @@ class PlanArgs:
     Each field declares one argument (:func:`nbhw.core.argument.argument`): every surface reads it from here.
     """
 
+    target: str | None = argument(**TARGET, control="dropdown")
     dtype: str = argument(
         default="auto", metavar="DTYPE", check=check_dtype, control="dropdown", emits="dtype",
         help="float32, float16, bfloat16 or auto (the checkpoint's own); torch's aliases like half work too",
@@ -289,8 +290,10 @@ class PlanArgs:
         help="use_kernels=True: swap supported layers for Hub kernels",
     )  # fmt: skip
     quantization: str | None = argument(
-        aliases=("--quantize",), choices=tuple(QUANTIZATION), check=check_quantization, control="dropdown",
-        emits="quantization_config", help="quantize the weights on load: bitsandbytes 4bit or 8bit",
+        aliases=("--quantize",), metavar="METHOD", check=check_quantization, control="dropdown",
+        emits="quantization_config",
+        help="quantize the weights on load: 4bit or 8bit (bitsandbytes), or a method transformers quantizes on load "
+        "with (torchao, quanto, ...; %hw quantization lists them)",
     )  # fmt: skip
 
     @property
@@ -308,4 +311,5 @@ def plan_args(**values: Any) -> PlanArgs:
     """Check every argument; the first mistake raises a one-line UserError naming the valid values."""
     with quiet():
         found: PlanArgs = checked(PlanArgs, values)
-        return found
+    check_target_args(found.target, found.max_memory)
+    return found

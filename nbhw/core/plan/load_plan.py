@@ -14,14 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from nbhw.core import argument, render
+from nbhw.core.advice.quantization_methods import build_config, method_key
 from nbhw.core.cache import Recent
 from nbhw.core.hardware import backends, presence
 from nbhw.core.hardware.data import BackendStatus
+from nbhw.core.hardware.targets import Target, target_of
 from nbhw.core.hardware.who_picks import from_pretrained_default
 from nbhw.core.hf import meta_build, model_config
 from nbhw.core.hf.tiny_model import tiny_model_path
-from nbhw.core.plan import codegen, estimate
-from nbhw.core.plan.arguments import DISK, PLAN_ARGUMENTS, QUANTIZATION, PlanArgs, plan_args
+from nbhw.core.plan import codegen, estimate, for_target
+from nbhw.core.plan.arguments import DISK, PLAN_ARGUMENTS, PlanArgs, plan_args
 from nbhw.core.plan.estimate import Estimate
 from nbhw.core.plan.placement import LiveMemory, Placement, live_memory, place
 from nbhw.core.plan.quantized_sizes import PlanningQuantizer
@@ -135,8 +137,14 @@ class LoadPlan(Shown):
         return self.config_dtype or weights_dtype(self.model, self.config.source) or "float32"
 
     @cached_property
+    def target(self) -> Target | None:
+        """The catalog target the plan is for (hardware that is not here), or None for this machine."""
+        return target_of(self.args.target)
+
+    @cached_property
     def _rows(self) -> list[BackendStatus]:
-        return backends.probe_all()
+        # A target's rows are the ones detection would give on it: its memory is the budget (see for_target).
+        return self.target.rows() if self.target is not None else backends.probe_all()
 
     @cached_property
     def default_device(self) -> str:
@@ -162,9 +170,14 @@ class LoadPlan(Shown):
         return meta_build.needs_download(self.args.attn_implementation)
 
     @cached_property
+    def _attn_on_target(self) -> bool:
+        # A build here can't answer for flash attention or a Hub kernel on the target: the rules do (for_target).
+        return self.target is not None and for_target.device_dependent(self.args.attn_implementation)
+
+    @cached_property
     def build(self) -> meta_build.MetaBuild | None:
         """The meta build with your dtype and attn_implementation (None without a config or if it needs a download)."""
-        if not self.config.available or self._attn_download:
+        if not self.config.available or self._attn_download or self._attn_on_target:
             return None
         return cached_build(self.config.config, self.auto_class, self.dtype, self.args.attn_implementation)
 
@@ -183,8 +196,9 @@ class LoadPlan(Shown):
         """The quantizer sizes are computed with, when quantization is asked for."""
         if self.args.quantization is None:
             return None
+        device = self.target.device() if self.target is not None else None
         with meta_build.quiet():
-            return PlanningQuantizer(self.args.quantization)
+            return PlanningQuantizer(self.args.quantization, self.dtype, device, self.args.device_map)
 
     # ------------------------------------------------------------ estimate and placement
 
@@ -211,8 +225,11 @@ class LoadPlan(Shown):
 
     @cached_property
     def live(self) -> LiveMemory:
-        """The free memory device_map="auto" would fill here, read now."""
-        return live_memory(self._rows)
+        """The free memory device_map="auto" would fill here, read now (a target's: its catalog memory)."""
+        found = live_memory(self._rows)
+        if self.target is not None:
+            found.source = f"the {self.target.label}'s memory (nbhw's catalog)"
+        return found
 
     @cached_property
     def placement(self) -> Placement | None:
@@ -237,7 +254,7 @@ class LoadPlan(Shown):
         build = self.build
         if build is not None and not build.ok:
             problems.append(f"transformers refuses the model build: {build.error_type}: {build.error}")
-        problems += self._quantization_problems()
+        problems += self._quantization_problems() if self.target is None else self._target_problems()
         placement = self.placement
         if placement is not None:
             problems += placement.problems
@@ -245,7 +262,27 @@ class LoadPlan(Shown):
             problems += self._device_problems(placement)
             if build is not None and build.ok:
                 problems += self._flash_problems(placement)
+            if self.target is not None:
+                used = list(placement.device_map.values())
+                problems += for_target.unused_devices(used, self.target, placement.strategy)
         return problems
+
+    def _target_problems(self) -> list[str]:
+        """What a build here can't answer for the target: its attention rules and its quantization checks."""
+        assert self.target is not None
+        found = for_target.attention_problems(
+            self.model, self.args.attn_implementation, self.dtype, self.target, self.offline
+        )
+        quantization, _ = self._target_quantization
+        return found + quantization
+
+    @cached_property
+    def _target_quantization(self) -> tuple[list[str], list[str]]:
+        assert self.target is not None
+        config = self.config.config
+        return for_target.quantization_findings(
+            self.args.quantization, config, self.args.device_map, self.dtype, self.target
+        )
 
     def _kernel_problems(self) -> list[str]:
         if not self.args.use_kernels:
@@ -258,8 +295,6 @@ class LoadPlan(Shown):
         prequantized = getattr(self.config.config, "quantization_config", None) is not None
         if self.args.quantization is None and not prequantized:
             return []
-        from transformers import BitsAndBytesConfig  # lazy: import nbhw and %load_ext nbhw stay free of transformers
-
         # lazy: import nbhw and %load_ext nbhw stay free of transformers
         from transformers.integrations.accelerate import check_and_set_device_map
 
@@ -268,7 +303,9 @@ class LoadPlan(Shown):
 
         asked = None
         if self.args.quantization is not None:
-            asked = BitsAndBytesConfig(**{QUANTIZATION[self.args.quantization]: True})
+            asked, problem = build_config(method_key(self.args.quantization), self.dtype)
+            if asked is None:
+                return [f"quantization={self.args.quantization}: the config can't be built here: {problem}"]
         try:
             with meta_build.quiet():
                 device_map = check_and_set_device_map(copy.deepcopy(self.args.device_map))
@@ -386,13 +423,18 @@ def _dtype_note(plan: LoadPlan) -> str | None:
 
 def plan_notes(plan: LoadPlan) -> list[str]:
     """Everything worth knowing that is not a problem."""
-    out: list[str] = []
+    out: list[str] = for_target.notes(plan.target, plan.dtype) if plan.target is not None else []
+    if plan.target is not None and plan.config.available:
+        out += plan._target_quantization[1]
+        if plan._attn_on_target:
+            out.append(f"attn_implementation={plan.args.attn_implementation!r}: read from transformers' rules for the "
+                       f"{plan.target.accelerator.name}, not built here")  # fmt: skip
     if not plan.config.available:
         out.append(f"config not available, so the cell assumes a causal LM ({plan.auto_class})")
     out += plan.arguments.omitted
     out += [n for n in [_dtype_note(plan)] if n]
     attn = plan.args.attn_implementation
-    if attn is not None and plan.build is None and plan.config.available:
+    if attn is not None and plan.build is None and plan.config.available and not plan._attn_on_target:
         out.append(f"attn_implementation={attn!r} needs a Hub kernel download at load: not checked")
     if plan.args.use_kernels and not plan._kernel_problems():
         out.append("use_kernels=True needs Hub kernel downloads at load: not checked")
@@ -421,6 +463,7 @@ def plan_to_dict(plan: LoadPlan) -> dict[str, Any]:
         "config_source": plan.config.source,
         "auto_class": plan.auto_class,
         "arguments": argument.to_dict(args),
+        "target": plan.target.label if plan.target is not None else None,
         "dtype": plan.dtype if plan.config.available or args.dtype != "auto" else None,
         "code": plan.code,
         "problems": plan.check(),
@@ -468,7 +511,9 @@ def _placement_title(plan: LoadPlan, p: Placement) -> str:
 SHARE_HEADERS = ("device", "layers", "weights", "budget", "device_map entries")
 
 
-def _problems_title(problems: list[str]) -> str:
+def _problems_title(problems: list[str], target: Target | None = None) -> str:
+    if not problems and target is not None:
+        return f"Dry run: transformers' checks, read for {target.label}, accept this plan"
     if not problems:
         return "Dry run: transformers accepts this plan here"
     return f"Dry run: {len(problems)} problem{'s' if len(problems) > 1 else ''}"
@@ -476,7 +521,8 @@ def _problems_title(problems: list[str]) -> str:
 
 def _header(plan: LoadPlan) -> str:
     where = plan.config.source or "not available"
-    return f"nbhw: load plan for {plan.model!r} (config: {where}; {plan.auto_class}, {plan.dtype})"
+    on = f" on {plan.target.label} — hardware that is not here" if plan.target is not None else ""
+    return f"nbhw: load plan for {plan.model!r}{on} (config: {where}; {plan.auto_class}, {plan.dtype})"
 
 
 def plan_text(plan: LoadPlan, *, code: bool = True) -> str:
@@ -485,7 +531,7 @@ def plan_text(plan: LoadPlan, *, code: bool = True) -> str:
     if code:
         lines += ["Code", *("    " + line if line else "" for line in plan.code.splitlines()), ""]
     problems = plan.check()
-    lines += [_problems_title(problems), *(f"  - {p}" for p in problems), ""]
+    lines += [_problems_title(problems, plan.target), *(f"  - {p}" for p in problems), ""]
     estimate = plan.estimate if plan.config.available else None
     if estimate is not None:
         rows = _estimate_rows(estimate)
@@ -509,7 +555,9 @@ def plan_html(plan: LoadPlan, *, code: bool = True) -> str:
         parts.append(f'<pre class="nbhw-code">{esc(plan.code)}</pre>')
     problems = plan.check()
     items = "".join(f"<li>{esc(p)}</li>" for p in problems)
-    parts.append(f"<p><b>{esc(_problems_title(problems))}</b></p>" + (f"<ul>{items}</ul>" if items else ""))
+    parts.append(
+        f"<p><b>{esc(_problems_title(problems, plan.target))}</b></p>" + (f"<ul>{items}</ul>" if items else "")
+    )
     estimate = plan.estimate if plan.config.available else None
     if estimate is not None:
         parts.append(
