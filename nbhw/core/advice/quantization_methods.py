@@ -18,6 +18,7 @@ from enum import Enum
 from typing import Any
 
 from nbhw.core.errors import one_of
+from nbhw.core.hf import meta_build
 from nbhw.core.hf.as_if import DEVICE_CHECKS, HELPERS, PACKAGE_CHECK
 
 # The words --quantization has always taken: bitsandbytes 4-bit and 8-bit.
@@ -81,20 +82,23 @@ CHECKPOINT_ONLY_BY_CHOICE = {"mxfp8": "nbhw knows no MXFP8 arguments for quantiz
 # ---------------------------------------------------------------- reading transformers
 
 
+def _auto() -> Any:
+    """transformers.quantizers.auto, imported quietly: it imports every installed quantization package."""
+    with meta_build.quiet():
+        # lazy: import nbhw and %load_ext nbhw stay free of transformers
+        from transformers.quantizers import auto
+    return auto
+
+
 def methods() -> list[str]:
     """Every quantization method this transformers knows, in its own order."""
-    # lazy: import nbhw and %load_ext nbhw stay free of transformers
-    from transformers.quantizers.auto import AUTO_QUANTIZER_MAPPING
-
-    return list(AUTO_QUANTIZER_MAPPING)
+    return list(_auto().AUTO_QUANTIZER_MAPPING)
 
 
 def classes(key: str) -> tuple[Any, Any]:
     """(quantizer class, config class) of a method."""
-    # lazy: import nbhw and %load_ext nbhw stay free of transformers
-    from transformers.quantizers.auto import AUTO_QUANTIZATION_CONFIG_MAPPING, AUTO_QUANTIZER_MAPPING
-
-    return AUTO_QUANTIZER_MAPPING[key], AUTO_QUANTIZATION_CONFIG_MAPPING[key]
+    auto = _auto()
+    return auto.AUTO_QUANTIZER_MAPPING[key], auto.AUTO_QUANTIZATION_CONFIG_MAPPING[key]
 
 
 def method_of(config: Any) -> str:
@@ -158,6 +162,8 @@ def check_method(value: Any) -> str | None:
     if value is None:
         return None
     text = value.strip() if isinstance(value, str) else value
+    if isinstance(text, str) and text in BITSANDBYTES_WORDS:
+        return str(text)  # without importing transformers' quantizers (and every quantization package they import)
     short = {v: k for k, v in BITSANDBYTES_WORDS.items()}
     if isinstance(text, str) and text in short:
         return short[text]  # bitsandbytes_4bit is what --quantization 4bit has always meant
