@@ -26,8 +26,9 @@ NO_SUPPORT = "this model class does not support it"
 GENERATIONS = {8: "Ampere", 9: "Hopper", 10: "Blackwell"}
 # flash-attn 2 itself runs only on Ampere or newer; transformers' matrix doesn't check it, so the load succeeds.
 FA2_MIN_MAJOR = 8
-# flash-attn 3 (Hopper) and 4 (Hopper, Blackwell) are CUDA kernels; on ROCm, torch.cuda reports HIP's gfx arch as a
-# capability (gfx942 -> 9.4), so transformers' capability check passes there. From flash-attention's README.
+# flash-attn 3 (Ampere to Hopper) and 4 (Hopper, Blackwell) are CUDA kernels; on ROCm, torch.cuda reports HIP's gfx
+# arch as a capability (gfx942 -> 9.4), so transformers' capability check passes there. From flash-attention's
+# README and Dao-AILab/flash-attention#1089 (FA3 for ROCm: open; AMD's FAv3 kernels live in aiter instead).
 CUDA_ONLY_FLASH = (3, 4)
 FLASH_KEY = re.compile(r"^flash_attention_(\d+)$")
 
@@ -326,7 +327,9 @@ def _capability_rule(key: str, version: int, min_major: int | None, env: Env) ->
     if need is None and version == 2 and t.device_type == "cuda":
         need, runtime = FA2_MIN_MAJOR, True
     cc = t.capability
-    if t.device_type == "rocm" and version in CUDA_ONLY_FLASH:
+    # For a target the package is assumed installed there, and its NVIDIA-only kernels would not be; on a ROCm
+    # machine whose package is installed, transformers' answer stands (the README: Dao-AILab/flash-attention#1089).
+    if t.device_type == "rocm" and version in CUDA_ONLY_FLASH and t.catalog is not None:
         shown = t.info.compute_capability if t.info else "gfx"
         why = (
             f"FlashAttention{version} is built for NVIDIA GPUs only (flash-attention's README); transformers' check "
