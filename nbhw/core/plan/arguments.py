@@ -18,6 +18,7 @@ from nbhw.core.advice.quantization_methods import check_method
 from nbhw.core.argument import argument, arguments, checked
 from nbhw.core.dtypes import check_dtype
 from nbhw.core.errors import UserError, one_of
+from nbhw.core.hardware import backends
 from nbhw.core.hardware.targets import TARGET, check_target_args
 from nbhw.core.hf.meta_build import is_hub_kernel, quiet
 from nbhw.core.render import py_literal
@@ -28,6 +29,8 @@ DISK = "disk"
 NO_DEVICE_MAP = "none"  # the word for device_map=None
 
 DeviceMap = str | int | dict[str, int | str] | None
+# Device strings of nbhw's backends that torch knows only once their plugin package is imported.
+PLUGIN_DEVICES = tuple(sorted({b.device for b in backends.BUILTIN} - {"cpu", "cuda", "mps", "xpu", "hpu", "meta"}))
 MemoryKey = int | str
 
 
@@ -59,6 +62,10 @@ def _torch_device(text: str) -> str:
     try:
         return str(torch.device(text))
     except (RuntimeError, ValueError, TypeError) as exc:
+        if re.fullmatch(rf"({'|'.join(PLUGIN_DEVICES)})(:\d+)?", text):
+            # A plugin's device (tpu:0 without torch_tpu imported here): well formed, for hardware that isn't here.
+            return text
+
         why = (
             "neither a device_map strategy nor a device type this torch knows"
             if "device type" in str(exc)
