@@ -164,7 +164,11 @@ def install_hint(problem: str | None) -> str | None:
     """The ``pip install ...`` words in one of transformers' messages, if it names one."""
     word = r"(?:'[^']*'|\"[^\"]*\"|(?!and\b|or\b)[^\s`'\")(]*[^\s`'\")(.])"
     m = re.search(rf"pip install {word}(?: {word})*", problem or "")
-    return m.group(0).strip().rstrip(".") if m else None
+    if m:
+        return m.group(0).strip().rstrip(".")
+    # "requires fbgemm-gpu library": transformers names the package without the command
+    named = re.search(r"requires (?:the )?([A-Za-z][\w.-]*) library", problem or "")
+    return f"pip install {named.group(1)}" if named else None
 
 
 def _short(message: str) -> str:

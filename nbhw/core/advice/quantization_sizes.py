@@ -105,7 +105,7 @@ class SizingQuantizer:
             return float(stated), f"transformers' quantized_element_size ({float(stated):g} B per weight)"
         bits = stated_bits(self.key, self.config)
         if bits is None or self.key in NO_SIZE:
-            return None, f"{self.key}: the bits per weight depend on the checkpoint"
+            return None, "the bits per weight depend on the checkpoint"
         return bits[0] / 8, f"{bits[0]:g} bits per weight ({bits[1]})"
 
     @property
