@@ -173,6 +173,26 @@ def test_a_flash_attention_that_wont_work_is_marked_with_its_reason(view: LoadVi
     assert "flash-attn" in text_of(view.note("attn_implementation").value)  # the package to install
 
 
+def test_the_hardware_selector_plans_for_a_catalog_target_and_says_it_is_not_here(
+    view: LoadView, worker: Worker
+) -> None:
+    offered = [v for _, v in view.control("target").options]
+    assert offered[:2] == ["", "T4"] and "2x H100 SXM" in offered and "8x MI300X" in offered  # "" is this machine
+    view.control("target").value = "T4"
+    settle(worker)
+    assert view.form.target == "T4" and view.control("dtype").value == "float16"  # the T4's advised dtype
+    assert "planning for 1x T4: hardware that is not here" in text_of(view.message.value)
+    assert "cuda:0" in [v for _, v in view.control("device_map").options]  # the target's device strings
+    assert "cuda:0" in view.picture.value and "the 1x T4's memory" in text_of(view.report.value)
+    labels = {v: label for label, v in view.control("quantization").options}
+    assert view.choices is not None
+    fbgemm = view.choices.option("quantization", "fbgemm_fp8")
+    assert labels["fbgemm_fp8"].startswith("✗") and fbgemm is not None and "compute capability >= 9.0" in fbgemm.reason
+    view.control("target").value = ""
+    settle(worker)
+    assert view.form.target is None and "not here" not in text_of(view.message.value)
+
+
 def test_a_bad_entry_shows_a_message_and_no_code(view: LoadView, worker: Worker) -> None:
     field = view.memory_fields["cpu"]
     field.value = "lots"

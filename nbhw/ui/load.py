@@ -283,6 +283,9 @@ class LoadView:
             if self._syncing or self.closed:
                 return
             self.form = self.read_form()
+            if change is not None and change.get("owner") is self.inputs.get("target"):
+                # Other hardware, other advice: the dtype settles on the new advised one (a T4: float16).
+                self.form = self.form.replace(dtype=None)
             self.message.value = "<span class='nbhw-note'>planning…</span>"
             self.refresh()
 
