@@ -178,7 +178,8 @@ def _load(name: str, keywords: str) -> str:
 
 def _gate_on(key: str, config: Any, problem: str | None, where: Where, how: Loads) -> Gate:
     if config is None:
-        status = Status.PACKAGE if "Import" in (problem or "") else Status.NOT_CHECKED
+        missing = any(word in (problem or "") for word in ("ImportError", "ModuleNotFoundError"))
+        status = Status.PACKAGE if missing else Status.NOT_CHECKED
         g = Gate(status, f"the config can't be built here: {problem}", install_hint(problem), READ)
     else:
         pre = how in {Loads.PREQUANTIZED, Loads.FILE_FORMAT}

@@ -167,8 +167,8 @@ def install_hint(problem: str | None) -> str | None:
     if m:
         return m.group(0).strip().rstrip(".")
     # "requires fbgemm-gpu library": transformers names the package without the command
-    named = re.search(r"requires (?:the )?([A-Za-z][\w.-]*) library", problem or "")
-    return f"pip install {named.group(1)}" if named else None
+    named = re.search(r"requires (?:the )?([A-Za-z][\w.-]*) library|No module named '(\w+)", problem or "")
+    return f"pip install {named.group(1) or named.group(2)}" if named else None
 
 
 def _short(message: str) -> str:
