@@ -88,11 +88,9 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     _n(f"{TF}.quantizers.base", "HfQuantizer.quantized_element_size", "read", TF_V, "bytes per quantized weight"),
     _n(f"{TF}.quantizers.base", "HfQuantizer.get_modules_to_not_convert", "call", TF_V, "weights a method skips"),
     _n(f"{TF}.quantizers.base", "HfQuantizer.get_quantize_ops", "read", TF_V, "a method quantizes on load"),
-    _n(f"{TF}.quantizers.base", "HfQuantizer._process_model_after_weight_loading", "source", TF_V,
-       "a method that quantizes from calibration data after loading"),  # fmt: skip
+    _n(f"{TF}.quantizers.base", "HfQuantizer._process_model_after_weight_loading", "source", TF_V, "calibrates"),
     _n(TF, "PreTrainedModel._flash_attn_import_error", "call", TF_V, "flash attention's check, run for a target"),
-    _n(f"{TF}.modeling_flash_attention_utils", "FLASH_ATTENTION_COMPATIBILITY_MATRIX", "read", TF_V,
-       "each flash attention's package, devices and capability"),  # fmt: skip
+    _n(f"{TF}.modeling_flash_attention_utils", "FLASH_ATTENTION_COMPATIBILITY_MATRIX", "read", TF_V, "FA rules"),
     # torch: what a loaded quantized model really holds (tensor subclasses' inner tensors)
     _n("torch.utils._python_dispatch", "is_traceable_wrapper_subclass", "call", TORCH, "a tensor subclass"),
     # accelerate
