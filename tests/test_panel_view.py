@@ -178,8 +178,11 @@ def test_the_hardware_selector_plans_for_a_catalog_target_and_says_it_is_not_her
 ) -> None:
     offered = [v for _, v in view.control("target").options]
     assert offered[:2] == ["", "T4"] and "2x H100 SXM" in offered and "8x MI300X" in offered  # "" is this machine
+    view.memory_fields["cpu"].value = "2GiB"  # this machine's budget, then a target: the target's memory wins
+    settle(worker)
     view.control("target").value = "T4"
     settle(worker)
+    assert view.form.max_memory == () and view.memory_fields == {}
     assert view.form.target == "T4" and view.control("dtype").value == "float16"  # the T4's advised dtype
     assert "planning for 1x T4: hardware that is not here" in text_of(view.message.value)
     assert "cuda:0" in [v for _, v in view.control("device_map").options]  # the target's device strings

@@ -284,8 +284,9 @@ class LoadView:
                 return
             self.form = self.read_form()
             if change is not None and change.get("owner") is self.inputs.get("target"):
-                # Other hardware, other advice: the dtype settles on the new advised one (a T4: float16).
-                self.form = self.form.replace(dtype=None)
+                # Other hardware, other advice: the dtype settles on the new advised one (a T4: float16), and a
+                # target's budget is its catalog memory, so this machine's max_memory fields go.
+                self.form = self.form.replace(dtype=None, max_memory=() if self.form.target else self.form.max_memory)
             self.message.value = "<span class='nbhw-note'>planning…</span>"
             self.refresh()
 
