@@ -16,6 +16,7 @@ from nbhw.core.advice.attention import advise
 from nbhw.core.argument import given
 from nbhw.core.errors import UserError
 from nbhw.core.hardware.detect import detect
+from nbhw.core.hardware.doctor import doctor
 from nbhw.core.hardware.report import report
 from nbhw.core.hardware.targets import targets
 from nbhw.core.plan.load_plan import from_words
@@ -34,6 +35,13 @@ def _report(args: argparse.Namespace) -> int:
     result = report()
     print(result.json() if args.json else result.text())
     return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    """Exit 1 when a finding is an error: something will fail (a script can stop before loading)."""
+    result = doctor()
+    _printed(result, args)
+    return 1 if result.errors else 0
 
 
 def _memory(args: argparse.Namespace) -> int:
@@ -79,6 +87,7 @@ RUNNERS = {
     "quantization": _quantization,
     "targets": _targets,
     "report": _report,
+    "doctor": _doctor,
 }
 
 

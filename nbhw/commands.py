@@ -9,6 +9,7 @@ IPython's ``UsageError``, the CLI into exit code 2.
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import shlex
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from nbhw.core.memory.arguments import MEMORY_ARGUMENTS
 from nbhw.core.plan.arguments import PLAN_ARGUMENTS
 
 Surface = Literal["magic", "cli"]
+HELP_WIDTH = 100
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,12 @@ COMMANDS = (
     ),
     Command("targets", "the accelerators nbhw can plan for without having them (--target NAME)", (VENDOR, JSON)),
     Command("report", "environment report for bug reports", (JSON,)),
+    Command(
+        "doctor",
+        "pre-flight checks of the installed binaries: what will fail before memory, when, and the command "
+        "that fixes it",
+        (JSON,),
+    ),
 )
 BY_NAME = {name: c for c in COMMANDS for name in (c.name, *c.aliases)}
 NAMES = tuple(BY_NAME)  # every word that names a subcommand, in %hw and in the CLI alike
@@ -117,21 +125,27 @@ def _add(p: argparse.ArgumentParser, a: Argument) -> None:
         )  # fmt: skip
 
 
+def _formatter(prog: str) -> argparse.HelpFormatter:
+    # A fixed width: argparse asks the terminal's size for every argument added, which %load_ext would pay for.
+    return argparse.HelpFormatter(prog, width=HELP_WIDTH)
+
+
+@functools.cache
 def parser(surface: Surface) -> Parser:
-    """The parser behind ``%hw`` (surface "magic") or ``python -m nbhw`` ("cli"), from the command table."""
+    """The parser behind ``%hw`` (surface "magic") or ``python -m nbhw`` ("cli"), built once from the table."""
     magic = surface == "magic"
     top = Parser(
         prog="%hw" if magic else "nbhw",
         add_help=not magic,
         description="nbhw: hardware for Hugging Face models" + (", in the notebook" if magic else ""),
+        formatter_class=_formatter,
     )
-    sub = top.add_subparsers(
-        dest="command", metavar="{" + ",".join(c.name for c in COMMANDS) + "}", parser_class=Parser
-    )
+    names = "{" + ",".join(c.name for c in COMMANDS) + "}"
+    sub = top.add_subparsers(dest="command", metavar=names, parser_class=Parser)
     for command in COMMANDS:
         p = sub.add_parser(
             command.name, aliases=list(command.aliases), help=_help(command.help), description=_help(command.help),
-            add_help=not magic,
+            add_help=not magic, formatter_class=_formatter,
         )  # fmt: skip
         for a in command.takes(surface):
             _add(p, a)
@@ -191,17 +205,25 @@ def values(args: argparse.Namespace, declared: Sequence[Argument]) -> dict[str, 
     return {name: a.value(given[name]) for a in declared if (name := a.name) and given[name] is not None}
 
 
+def _usage(a: Argument) -> str:
+    if a.positional:
+        return f"[{a.name.upper()}]"
+    value = "" if a.kind == "switch" else f" {a.metavar or '{' + ','.join(a.choices or ()) + '}'}"
+    return f"[{a.option}{value}{' ...' if a.kind == 'words' else ''}]"
+
+
+def _words(a: Argument) -> str:
+    if a.positional:
+        return a.name.upper()
+    return ", ".join(a.options) + ("" if a.kind == "switch" else f" {a.metavar or a.name.upper()}")
+
+
 def magic_help() -> str:
-    """``%hw?``: the usage of every subcommand."""
-    top = magic_parser()
-    parts = [
-        "%hw                          full panel: Devices · Memory · Attention · Load",
-        "",
-        top.format_help().strip(),
-    ]
+    """``%hw?``: the usage of every subcommand, written from the command table (no parser is built for it)."""
+    parts = ["%hw                          full panel: Devices · Memory · Attention · Load"]
     for command in COMMANDS:
-        sub = subparser(top, command.name)
-        if sub is not None:
-            also = f"  (also: {', '.join(f'%hw {a}' for a in command.aliases)})" if command.aliases else ""
-            parts += ["", f"%hw {command.name}{also}", sub.format_help().strip()]
+        also = f"  (also: {', '.join(f'%hw {a}' for a in command.aliases)})" if command.aliases else ""
+        usage = " ".join(_usage(a) for a in command.takes("magic"))
+        parts += ["", f"%hw {command.name} {usage}".rstrip() + also, f"    {command.help}"]
+        parts += [f"    {_words(a):<34} {a.help}" for a in command.takes("magic")]
     return "\n".join(parts)

@@ -13,17 +13,11 @@ from IPython.display import display
 from traitlets import Float
 
 from nbhw import commands
-from nbhw.core.advice import quantization
 from nbhw.core.advice.arguments import ADVICE_ARGUMENTS, QUANTIZATION_ARGUMENTS
-from nbhw.core.advice.attention import advise
 from nbhw.core.argument import given
 from nbhw.core.errors import UserError
-from nbhw.core.hardware.detect import detect
-from nbhw.core.hardware.report import report
-from nbhw.core.hardware.targets import targets
 from nbhw.core.memory.arguments import MEMORY_ARGUMENTS
 from nbhw.core.plan.arguments import PLAN_ARGUMENTS
-from nbhw.core.plan.load_plan import from_words
 
 
 def in_kernel(shell: Any) -> bool:
@@ -65,15 +59,26 @@ class HwMagics(Magics):
         else:
             print(shown.text())
 
+    # Each command imports the core module it runs when it runs: %load_ext nbhw stays within its 30 ms (tests/bench.py).
+
     def _run_devices(self, args: argparse.Namespace) -> None:
+        from nbhw.core.hardware.detect import detect  # lazy: see above
+
         self._show(detect(), args)
 
     def _run_report(self, args: argparse.Namespace) -> None:
+        from nbhw.core.hardware.report import report  # lazy: see above
+
         result = report()
         if args.json:
             print(result.json())
         else:
             display(result)
+
+    def _run_doctor(self, args: argparse.Namespace) -> None:
+        from nbhw.core.hardware.doctor import doctor  # lazy: see above
+
+        self._show(doctor(), args)
 
     def _run_memory(self, args: argparse.Namespace) -> None:
         from nbhw.ui import memory  # plotly: only when a graph is asked for
@@ -91,16 +96,24 @@ class HwMagics(Magics):
             print(monitor.text())
 
     def _run_attention(self, args: argparse.Namespace) -> None:
+        from nbhw.core.advice.attention import advise  # lazy: see above
+
         self._show(advise(args.model, offline=args.offline, **given(args, ADVICE_ARGUMENTS)), args)
 
     def _run_quantization(self, args: argparse.Namespace) -> None:
+        from nbhw.core.advice import quantization  # lazy: see above
+
         found = quantization.advise(args.model, offline=args.offline, **given(args, QUANTIZATION_ARGUMENTS))
         self._show(found, args)
 
     def _run_targets(self, args: argparse.Namespace) -> None:
+        from nbhw.core.hardware.targets import targets  # lazy: see above
+
         self._show(targets(args.vendor), args)
 
     def _run_load(self, args: argparse.Namespace) -> None:
+        from nbhw.core.plan.load_plan import from_words  # lazy: see above
+
         plan = from_words(args)  # a mistake in the words is a UsageError here, not a message in a panel
         if args.emit:
             self.shell.set_next_input(plan.code, replace=False)

@@ -16,6 +16,16 @@ case "$what" in
   *) echo "usage: scripts/setup.sh [lab|test]" >&2; exit 2 ;;
 esac
 
+# Real wheels the pre-flight tests (tests/test_doctor.py) put on sys.path one test at a time. Not in the venv:
+# installed there they would change what "this machine" is for every other test (kernels 0.17.2 is outside
+# transformers 5.24's accepted range, a finding of its own). The tests look in $NBHW_TEST_DISTS, default here.
+if [ "$what" = test ]; then
+  for pin in bitsandbytes==0.50.2 kernels==0.17.2; do
+    dest=".venv/nbhw-test-dists/${pin/==/-}"
+    [ -d "$dest" ] || .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --target "$dest" "$pin"
+  done
+fi
+
 # The browser tests drive /usr/bin/chromium itself (Playwright's own browser download can't be used): check that path.
 if [ "$what" = test ] && [ ! -x /usr/bin/chromium ]; then
   sudo=""

@@ -191,6 +191,10 @@ def fake_module(name: str, version: str = "9.9.9") -> types.ModuleType:
     return module
 
 
+def _arms_the_fork_trap() -> str:
+    raise AssertionError("torch._C._cuda_getArchFlags() was called: it arms torch's fork trap")
+
+
 class FakeHardware:
     """Builder for fake hardware; every change is undone by pytest's monkeypatch."""
 
@@ -220,9 +224,8 @@ class FakeHardware:
         self._set_nvml(self.nvml)
         self.mp.setattr(torch.version, "cuda", cuda_build)
         self.mp.setattr(torch.version, "hip", None)
-        self.mp.setattr(
-            torch._C, "_cuda_getArchFlags", lambda: "sm_70 sm_75 sm_80 sm_86 sm_90 sm_100 sm_120", raising=False
-        )
+        # Nothing may ask torch for its arch list: that call arms the fork trap (nbhw reads torch's binary).
+        self.mp.setattr(torch._C, "_cuda_getArchFlags", _arms_the_fork_trap, raising=False)
         return self.nvml
 
     def rocm(self, *gpus: FakeGpu, hip: str = "6.4", amdsmi: bool = True) -> None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from nbhw.core.hardware import backends, detect
+from nbhw.core.hardware import backends, cuda_arch, detect
 from nbhw.core.hardware.data import BackendStatus
+from tests.fake_binaries import write_elf
 from tests.fakes import GIB, FakeGpu, FakeHardware
 
 TABLE = ("cpu", "cuda", "rocm", "neuron", "tpu", "xpu", "mps", "hpu", "npu", "mlu", "musa")
@@ -147,15 +150,52 @@ def test_nvidia_turing_gets_no_bf16_and_a_note(fake_hw: FakeHardware) -> None:
     assert any("float16" in n for n in d.notes)
 
 
+def built_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, arch: str) -> None:
+    """torch's binary says it was built for these architectures (CUDA_ARCH_FLAGS in libtorch_python.so)."""
+    fake = write_elf(tmp_path / "libtorch_python.so", sections={".rodata": b"\0" + arch.encode() + b"\0"})
+    monkeypatch.setattr(cuda_arch, "arch_flags_library", lambda lib_dir: fake)
+
+
 def test_nvidia_gpu_newer_than_the_torch_build_is_flagged(
-    fake_hw: FakeHardware, monkeypatch: pytest.MonkeyPatch
+    fake_hw: FakeHardware, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # fake_hw.nvidia() makes torch._C._cuda_getArchFlags fail the test: asking torch arms its fork trap.
+    fake_hw.nvidia(FakeGpu(name="NVIDIA RTX PRO 6000", cc=(12, 0)))
+    built_for(tmp_path, monkeypatch, "sm_80 sm_86 sm_90")
+    d = row("cuda").devices[0]
+    assert any("sm_120 is not among them" in n and "no kernel image" in n for n in d.notes), d.notes
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("sm_80 sm_90a", (9, 0), None),  # sm_90a runs on exactly 9.0 (the old reading dropped it)
+        ("sm_80 compute_80", (9, 0), "PTX"),  # PTX JIT-compiles for newer GPUs: slow, not impossible
+        ("sm_80 sm_86", (8, 9), None),  # a cubin runs on a higher minor of its major
+        ("sm_90", (8, 9), "not among them"),
+    ],
+)
+def test_the_arch_note_follows_nvidias_rule(
+    fake_hw: FakeHardware,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    case: tuple[str, tuple[int, int], str | None],
+) -> None:
+    arch, cc, note = case
+    fake_hw.nvidia(FakeGpu(cc=cc))
+    built_for(tmp_path, monkeypatch, arch)
+    notes = [n for n in row("cuda").devices[0].notes if "this torch was built for" in n]
+    assert (notes == []) if note is None else (len(notes) == 1 and note in notes[0]), notes
+
+
+def test_the_arch_note_does_not_arm_the_fork_trap(fake_hw: FakeHardware, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    fake_hw.nvidia(FakeGpu(name="NVIDIA RTX PRO 6000", cc=(12, 0)))
-    monkeypatch.setattr(torch._C, "_cuda_getArchFlags", lambda: "sm_80 sm_86 sm_90", raising=False)
-    d = row("cuda").devices[0]
-    assert any("sm_120 is not among them" in n for n in d.notes)
+    calls: list[str] = []
+    fake_hw.nvidia(FakeGpu(cc=(12, 0)))
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: calls.append("called") or ["sm_80"])
+    monkeypatch.setattr(torch._C, "_cuda_getArchFlags", lambda: calls.append("called") or "sm_80", raising=False)
+    assert row("cuda").usable and calls == []
 
 
 def test_cuda_visible_devices_empty_hides_all_gpus(fake_hw: FakeHardware) -> None:

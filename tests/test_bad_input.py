@@ -130,6 +130,7 @@ def optional(*choices: st.SearchStrategy[list[str]]) -> st.SearchStrategy[list[s
 SUBCOMMAND_WORDS: dict[str, st.SearchStrategy[list[str]]] = {
     "devices": optional(st.just(["--json"])),
     "report": optional(st.just(["--json"])),
+    "doctor": optional(st.just(["--json"])),
     "memory": optional(
         option("--interval", either(NUMBERS, r"[-+]?[0-9_.]{0,6}(e[-+]?[0-9]{1,3})?")),
         option("--window", either(NUMBERS, r"[-+]?[0-9_.]{0,6}(e[-+]?[0-9]{1,3})?")),
@@ -180,6 +181,7 @@ SUBCOMMAND_WORDS["load --emit"] = load_words(["--emit"])
 CLI_WORDS = {
     "devices": SUBCOMMAND_WORDS["devices"],
     "report": SUBCOMMAND_WORDS["report"],
+    "doctor": SUBCOMMAND_WORDS["doctor"],
     "attention": SUBCOMMAND_WORDS["attention"],
     "plan": load_words([]).flatmap(lambda ws: st.sampled_from([ws, [*ws, "--json"]])),
 }
@@ -391,7 +393,7 @@ def cli_outcome(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         assert "Traceback" not in out.err and out.out == "", (argv, out)
         return "usage"
     assert code in (0, 1), (argv, code)
-    assert code == 0 or argv[0] == "plan", (argv, code, "only plan exits 1 (dry-run problems)")
+    assert code == 0 or argv[0] in {"plan", "doctor"}, (argv, code, "only plan and doctor exit 1 (problems found)")
     assert out.out, argv
     return "ok"
 

@@ -22,6 +22,14 @@ LAZY = {
     ("nbhw/__init__.py", "from nbhw.server import NbhwApp"),  # and of jupyter_server and tornado
     ("nbhw/magics.py", "from nbhw.ui.panel import panel"),  # %load_ext stays free of ipywidgets and plotly
     ("nbhw/magics.py", "from nbhw.ui import memory"),
+    # %load_ext stays within 30 ms (tests/bench.py): each command imports what it runs when it runs
+    ("nbhw/magics.py", "from nbhw.core.hardware.detect import detect"),
+    ("nbhw/magics.py", "from nbhw.core.hardware.report import report"),
+    ("nbhw/magics.py", "from nbhw.core.advice.attention import advise"),
+    ("nbhw/magics.py", "from nbhw.core.plan.load_plan import from_words"),
+    ("nbhw/magics.py", "from nbhw.core.hardware.doctor import doctor"),
+    ("nbhw/magics.py", "from nbhw.core.advice import quantization"),
+    ("nbhw/magics.py", "from nbhw.core.hardware.targets import targets"),
     ("nbhw/__main__.py", "from nbhw.core import memory"),  # numpy only for `python -m nbhw memory`
 }
 

@@ -22,6 +22,7 @@ STYLE = """<style>
 .nbhw .no { color: var(--jp-ui-font-color2, #777); }
 .nbhw .fix code, .nbhw code { font-family: var(--jp-code-font-family, monospace); font-size: 12px; }
 .nbhw .warn { color: var(--jp-warn-color1, #9a6700); }
+.nbhw .bad { color: var(--jp-error-color1, #d1242f); font-weight: 600; }
 .nbhw .sub { margin-left: 18px; }
 .nbhw .src { color: var(--jp-ui-font-color2, #777); font-size: 11px; overflow-wrap: anywhere; }
 </style>"""

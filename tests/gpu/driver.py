@@ -42,6 +42,7 @@ PACKAGES = (
     "anywidget",
     "numpy",
     "psutil",
+    "packaging",
 )
 # What the suite imports besides the standard library; a missing one is named before the run starts.
 MODULES = (
@@ -61,6 +62,7 @@ MODULES = (
     "numpy",
     "psutil",
     "yaml",
+    "packaging",
 )
 
 

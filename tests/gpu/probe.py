@@ -9,6 +9,9 @@ only; the tests in this folder judge them.
   detect                 nbhw's devices, then (after) torch's device properties and bf16/tf32 answers
   visible                nbhw's cuda:N mapping before CUDA starts, torch's after, and nbhw's again after
   load MODEL             plan MODEL, check no context, run the emitted cell, measure torch's allocation
+  preflight              nbhw.doctor() and detect(), then: a context? a forked child in torch's bad-fork state?
+                         the arch list read from torch's binary against torch.cuda.get_arch_list(), and each
+                         GPU's predicted verdict against a real kernel launch on it (CUDA started on purpose)
 """
 
 from __future__ import annotations
@@ -102,7 +105,14 @@ def _plan(model: str | None) -> dict[str, Any]:
     }
 
 
-CALLS = {"detect": _detect, "report": _report, "attention": _attention, "plan": _plan}
+def _doctor(_: str | None) -> dict[str, Any]:
+    import nbhw
+
+    result = nbhw.doctor()
+    return {"findings": [f.id for f in result.findings], "checks": {c.name: c.status for c in result.checks}}
+
+
+CALLS = {"detect": _detect, "report": _report, "attention": _attention, "plan": _plan, "doctor": _doctor}
 
 
 def context(what: str, model: str | None = None) -> dict[str, Any]:
@@ -247,7 +257,59 @@ def load_facts(model_path: str | None) -> dict[str, Any]:
     }
 
 
+def forked_child_in_bad_fork() -> bool:
+    """Whether a child forked now finds torch in its bad-fork state (it could not start CUDA)."""
+    import torch
+
+    pid = os.fork()
+    if pid == 0:
+        os._exit(3 if torch.cuda._is_in_bad_fork() else 0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 3
+
+
+def _launch(torch: Any, device: str) -> str:
+    try:
+        (torch.ones(4, device=device) * 2).sum().item()
+    except RuntimeError as exc:
+        return "no kernel image" if "no kernel image" in str(exc) else f"other: {' '.join(str(exc).split())[:200]}"
+    return "runs"
+
+
+def preflight_facts() -> dict[str, Any]:
+    """nbhw's pre-flight checks first (no CUDA), then the ground truth they predict (CUDA started on purpose)."""
+    import torch  # a notebook has imported it before it asks: its import is not the checks' time
+
+    import nbhw
+    from nbhw.core.hardware import cuda_arch, doctor
+
+    started = time.perf_counter()
+    result = nbhw.doctor()
+    seconds = time.perf_counter() - started
+    nbhw.detect()  # the devices view reads the arch list too (its per-GPU note)
+    facts = doctor.torch_facts()
+    assert facts is not None
+    gpus = doctor.gpus(facts)
+    predicted = {g.device: cuda_arch.verdict(cuda_arch.codes(facts.arch_list), g.capability or (0, 0)) for g in gpus}
+    state = {"context": context_state(), "bad_fork_child_after_nbhw": forked_child_in_bad_fork()}
+    listed = [str(a) for a in torch.cuda.get_arch_list()]  # arms the fork trap: the control below shows it
+    state["bad_fork_child_after_get_arch_list"] = forked_child_in_bad_fork()
+    real = {f"cuda:{i}": _launch(torch, f"cuda:{i}") for i in range(torch.cuda.device_count())}
+    return {
+        **state,
+        "findings": [f.id for f in result.findings],
+        "doctor_seconds": round(seconds, 3),
+        "arch_from_binary": list(facts.arch_list),
+        "arch_source": facts.arch_source,
+        "get_arch_list": listed,
+        "predicted": predicted,
+        "real": real,
+        "capabilities": {g.device: g.capability for g in gpus},
+    }
+
+
 CHECKS = {
+    "preflight": lambda args: preflight_facts(),
     "context": lambda args: context(args[0], args[1] if len(args) > 1 else None),
     "detect": lambda args: detect_facts(),
     "visible": lambda args: visible_facts(),

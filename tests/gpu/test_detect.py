@@ -49,7 +49,7 @@ def test_detection_agrees_with_nvml_and_with_torch_after_it(gpu0: NvmlGpu, recor
     record_property("torch", facts["torch_version"])
 
 
-@pytest.mark.parametrize("what", ["detect", "report", "attention", "plan"])
+@pytest.mark.parametrize("what", ["detect", "report", "attention", "plan", "doctor"])
 def test_no_cuda_context_after(what: str, record_property: Any) -> None:
     facts = run_probe("context", what)
     before, after, control = facts["before"], facts["after"], facts["control"]
@@ -75,4 +75,6 @@ def test_no_cuda_context_after(what: str, record_property: Any) -> None:
         assert said["device"] == "cuda:0" and said["live"], said
     elif what == "plan":
         assert said["problems"] == [] and said["device_map"] == {"": "0"}, said
+    elif what == "doctor":
+        assert said["checks"]["torch architectures"] in {"ok", "finding"}, said  # read, not "unknown"
     record_property("said", str(said)[:80])

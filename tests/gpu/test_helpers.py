@@ -109,6 +109,17 @@ def test_probes_run_here_and_see_what_torch_sees() -> None:
         assert seen["torch"] == [] and not seen["nbhw_before"]["usable"] and seen["env"]["CUDA_VISIBLE_DEVICES"] == "0"
 
 
+def test_the_preflight_probe_runs_here() -> None:
+    import torch
+
+    facts = gpuenv.run_probe("preflight")
+    assert not facts["context"]["initialized"] and not facts["bad_fork_child_after_nbhw"]
+    assert facts["predicted"] == {} == facts["real"] or torch.version.cuda is not None
+    if torch.version.cuda is None:  # a CPU build: nothing to read, and get_arch_list() has no trap to arm
+        assert facts["arch_from_binary"] == [] == facts["get_arch_list"]
+        assert not facts["bad_fork_child_after_get_arch_list"]
+
+
 SAMPLE = """
 import pytest
 
@@ -202,7 +213,7 @@ def test_driver_runs_to_no_gpu_and_leaves_its_results(tmp_path: Path) -> None:
     assert {t["message"] for t in tests} == {why_no_gpu()}
     assert data["summary"]["skipped"] == len(tests) and data["summary"]["passed"] == 0
     names = {t["nodeid"].split("::")[0] for t in tests}
-    assert names == {f"tests/gpu/test_{m}.py" for m in ("attention", "detect", "memory", "plan", "visible")}
+    assert names == {f"tests/gpu/test_{m}.py" for m in ("attention", "detect", "doctor", "memory", "plan", "visible")}
     assert (tmp_path / "out/junit.xml").read_text().count("<skipped") == len(tests)
 
 

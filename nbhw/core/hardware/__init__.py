@@ -1,4 +1,5 @@
-"""What this machine has: backends, probes, NVML, device visibility, who picks what, detection, the report.
+"""What this machine has: backends, probes, NVML, device visibility, who picks what, detection, the report, and
+the pre-flight checks of the installed binaries (nbhw.doctor()).
 
 The documented vendor entry point ``nbhw.core.hardware.Probed`` (what a backend's ``probe()`` returns) is
 re-exported here from :mod:`nbhw.core.hardware.data`.

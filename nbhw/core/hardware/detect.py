@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from nbhw.core.hardware import backends, environment, nvml, probes, who_picks
+from nbhw.core.hardware import backends, doctor, environment, nvml, probes, who_picks
 from nbhw.core.hardware.data import BackendStatus, Choice, DeviceInfo, EnvAnalysis, TorchBuild, to_plain
+from nbhw.core.hardware.findings import Preflight, findings_html, findings_text
 from nbhw.core.render import STYLE, Shown, esc, html_table, size, text_table, yes_no
 
 
@@ -34,6 +35,7 @@ class Hardware(Shown):
     choices: list[Choice]
     env: EnvAnalysis
     nvidia: nvml.NvmlView = field(default_factory=lambda: nvml.NvmlView(available=False))
+    preflight: Preflight | None = None  # what will fail before memory (nbhw.doctor())
 
     @property
     def devices(self) -> list[DeviceInfo]:
@@ -65,6 +67,7 @@ class Hardware(Shown):
             "backends": to_plain(self.backends),
             "choices": to_plain(self.choices),
             "env": to_plain(self.env),
+            "preflight": self.preflight.to_dict() if self.preflight is not None else None,
         }
 
     def text(self) -> str:
@@ -86,6 +89,7 @@ def detect() -> Hardware:
         choices=who_picks.all_choices(rows),
         env=environment.analyse(view),
         nvidia=view,
+        preflight=doctor.doctor(),
     )
 
 
@@ -163,7 +167,15 @@ def hardware_text(hw: Hardware) -> str:
     if hw.env.warnings:
         out += ["", "Warnings"]
         out.extend(f"  ! {w}" for w in hw.env.warnings)
+    out += _preflight_text(hw.preflight)
     return "\n".join(out)
+
+
+def _preflight_text(preflight: Preflight | None) -> list[str]:
+    if preflight is None:
+        return []
+    lines = ["", f"Pre-flight checks: {preflight.summary()}; %hw doctor shows each one"]
+    return lines + findings_text(preflight.findings)[:-1]
 
 
 def _status_cell(row: BackendStatus) -> str:
@@ -235,5 +247,8 @@ def hardware_html(hw: Hardware) -> str:
             ),
         ]
     parts += [f'<div class="warn">⚠ {esc(w)}</div>' for w in hw.env.warnings]
+    if hw.preflight is not None:
+        summary = f"Pre-flight checks: {hw.preflight.summary()}"
+        parts += [f"<h3>{esc(summary)}</h3>", findings_html(hw.preflight.findings)]
     parts.append("</div>")
     return "".join(parts)

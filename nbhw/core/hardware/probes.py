@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
-from nbhw.core.hardware import nvml, visible_devices
+from nbhw.core.hardware import cuda_arch, nvml, visible_devices
 from nbhw.core.hardware.data import DeviceInfo, Probed
 
 CUDA_WHEELS = "https://download.pytorch.org/whl/cu128"
@@ -134,20 +134,26 @@ def _nvidia_device(ordinal: int, gpu: nvml.NvmlGpu) -> DeviceInfo:
     return dev
 
 
-def _arch_note(torch: ModuleType, dev: DeviceInfo) -> None:
-    """Say when this torch ships no kernels for the GPU's architecture (e.g. a new GPU with an old wheel)."""
-    flags_fn = getattr(torch._C, "_cuda_getArchFlags", None)
-    if flags_fn is None or dev.compute_capability is None:
-        return
-    flags = str(flags_fn() or "").split()
-    if not flags:
+def _arch_note(arch: tuple[str, ...] | None, dev: DeviceInfo) -> None:
+    """Say when this torch ships no kernels for the GPU's architecture (e.g. a new GPU with an old wheel).
+
+    ``arch`` is read from torch's binary (cuda_arch.arch_list_from_binary), not from torch.cuda.get_arch_list():
+    that call arms torch's fork trap, so a forked child (accelerate's notebook_launcher) could not start CUDA.
+    """
+    if not arch or dev.compute_capability is None:
         return
     major, minor = (int(x) for x in dev.compute_capability.split("."))
-    built = {int(f.split("_")[1]) for f in flags if f.startswith(("sm_", "compute_")) and f.split("_")[1].isdigit()}
-    if not any(code // 10 == major and code % 10 <= minor for code in built):
+    verdict = cuda_arch.verdict(cuda_arch.codes(arch), (major, minor))
+    built = " ".join(arch)
+    if verdict == "none":
         dev.notes.append(
-            f"this torch was built for {' '.join(flags)}; sm_{major}{minor} is not among them: "
-            "install a torch build that supports this GPU"
+            f"this torch was built for {built}; sm_{major}{minor} is not among them: its first operation on "
+            f"{dev.device} fails with 'no kernel image is available' (%hw doctor gives the command that fixes it)"
+        )
+    elif verdict == "jit":
+        dev.notes.append(
+            f"this torch was built for {built}: no native kernels for sm_{major}{minor}, so the driver compiles "
+            "them from PTX on first use (slow the first time; %hw doctor gives the command that fixes it)"
         )
 
 
@@ -191,8 +197,9 @@ def probe_cuda_nvidia() -> Probed:
         )
     by_index = {g.index: g for g in view.gpus}
     devices = [_nvidia_device(n, by_index[row.nvml_index]) for n, row in enumerate(rows)]
+    arch = cuda_arch.arch_list_from_binary(cuda_arch.torch_lib_dir(torch))
     for dev in devices:
-        _arch_note(torch, dev)
+        _arch_note(arch, dev)
     notes = [f"driver {view.driver_version}, supports CUDA {view.cuda_driver_version}"] if view.driver_version else []
     return Probed(True, devices=devices, notes=notes + visible.problems)
 

@@ -195,6 +195,14 @@ def flash_kernel_fallback(rocm: bool) -> dict[str, str]:
         return dict(FLASH_ATTN_KERNEL_FALLBACK)
 
 
+def flash_kernel_fallback_in_source(rocm: bool) -> dict[str, str]:
+    """FLASH_ATTN_KERNEL_FALLBACK read from transformers' source only (no transformers import); {} if unreadable."""
+    try:
+        return _fallback_from_source(rocm) or {}
+    except (OSError, SyntaxError):
+        return {}
+
+
 def flash_kernel_devices() -> dict[str, tuple[str, ...]]:
     """FLASH_ATTN_KERNEL_DEVICES: the devices each Hub flash kernel ships builds for (unlisted: everywhere)."""
     # lazy: import nbhw and %load_ext nbhw stay free of transformers

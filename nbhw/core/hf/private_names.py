@@ -9,12 +9,12 @@ rather than somewhere in a plan.
 from __future__ import annotations
 
 import importlib
-import importlib.util
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from nbhw.core.hf.library_source import function_source
+from nbhw.core.hf.library_source import function_source, library_file
 
 How = Literal["call", "read", "patch", "flag", "source"]
 
@@ -31,7 +31,9 @@ class PrivateName:
     why: str
     how: How
     read_from: str
-    only: str | None = None  # where the name exists at all (a CUDA build of torch); None: everywhere
+    only: str | None = (
+        None  # where the name exists at all (a CUDA build of torch, an optional package); None: everywhere
+    )
 
     @property
     def path(self) -> str:
@@ -52,13 +54,15 @@ CUDA_BUILD = "a CUDA build of torch"
 
 
 TORCH = "2.13.0"
+BNB = "bitsandbytes"  # optional: checked where installed (only=BNB)
+BNB_V = "0.50.2"
+KERNELS_V = "0.17.2"
 TF = "transformers"
 TF_V = "5.24.0"
 ACCELERATE = "1.15.0"
 
 PRIVATE_NAMES: tuple[PrivateName, ...] = (
     # torch: what the build supports, read without creating a CUDA context
-    _n("torch._C", "_cuda_getArchFlags", "call", TORCH, "the CUDA archs of this build", only=CUDA_BUILD),
     _n("torch._C", "_cudnn", "call", TORCH, "cuDNN's version without per-GPU checks", only=CUDA_BUILD),
     _n("torch.cuda", "_parse_visible_devices", "call", TORCH, "CUDA_VISIBLE_DEVICES as torch parses it"),
     _n("torch.cuda", "_transform_uuid_to_ordinals", "call", TORCH, "GPU-UUID entries of CUDA_VISIBLE_DEVICES"),
@@ -93,11 +97,25 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     _n(f"{TF}.modeling_flash_attention_utils", "FLASH_ATTENTION_COMPATIBILITY_MATRIX", "read", TF_V, "FA rules"),
     # torch: what a loaded quantized model really holds (tensor subclasses' inner tensors)
     _n("torch.utils._python_dispatch", "is_traceable_wrapper_subclass", "call", TORCH, "a tensor subclass"),
+    _n(f"{TF}.quantizers.auto", "AUTO_QUANTIZER_MAPPING", "source", TF_V, "the bitsandbytes method names (ast)"),
+    # bitsandbytes: its own choice of native library, compiled from its source and run without importing it
+    _n(f"{BNB}.cextension", "get_cuda_bnb_library_path", "source", BNB_V, "the library it loads", only=BNB),
+    _n(f"{BNB}.cextension", "_find_cuda_libs", "source", BNB_V, "the libraries it ships (called)", only=BNB),
+    _n(f"{BNB}.cextension", "_split_cuda_version", "source", BNB_V, "its CUDA version rule (called)", only=BNB),
+    _n(f"{BNB}.cextension", "get_xpu_bnb_library_path", "source", BNB_V, "the XPU library it loads", only=BNB),
+    _n(BNB, "supported_torch_devices", "source", BNB_V, "the devices transformers lets it quantize for", only=BNB),
+    # kernels: its own build-variant resolver, for the Hub kernels in the local cache
+    _n("kernels.variants", "get_variants_local", "call", KERNELS_V, "a cached kernel's builds", only="kernels"),
+    _n("kernels.variants", "resolve_variants", "call", KERNELS_V, "which build it would load", only="kernels"),
+    _n("kernels.variants", "VariantRejected.reason", "read", KERNELS_V, "why a build is refused", only="kernels"),
     # accelerate
     _n("accelerate.state", "PartialState._prepare_backend", "source", ACCELERATE, "the distributed backend chosen"),
     _n("accelerate.state", "PartialState.default_device", "source", ACCELERATE, "the device Accelerator() picks"),
     # huggingface_hub
     _n("huggingface_hub.utils._validators", "validate_repo_id", "call", "1.5", "what a Hub model id may look like"),
+    _n("huggingface_hub.constants", "HF_HUB_CACHE", "read", "2.4", "where kernels caches Hub kernels"),
+    _n("huggingface_hub.constants", "REPO_ID_SEPARATOR", "read", "2.4", "the cache's folder names"),
+    _n("huggingface_hub.file_download", "repo_folder_name", "call", "2.4", "a cached repo's folder, by repo type"),
     # the standard library: the parser's own tables, for help and for naming the valid words
     _n("argparse", "ArgumentParser()._actions", "read", "3.11", "a subcommand's options, listed in error messages"),
     _n("argparse", "ArgumentParser()._subparsers", "read", "3.11", "the subcommands, for their parsers"),
@@ -123,11 +141,25 @@ def resolve(name: PrivateName) -> Any:
     return found
 
 
+def module_file(module: str) -> Path | None:
+    """The source file of a module, found without importing it or its package (importing may be the harm)."""
+    top, _, rest = module.partition(".")
+    relative = rest.replace(".", "/")
+    for candidate in (f"{relative}.py", f"{relative}/__init__.py") if rest else ("__init__.py",):
+        found = library_file(top, candidate)
+        if found is not None:
+            return found
+    return None
+
+
 def _source(name: PrivateName) -> str:
-    spec = importlib.util.find_spec(name.module)
-    if spec is None or spec.origin is None:
+    path = module_file(name.module)
+    if path is None:
         raise ImportError(f"no module {name.module}")
-    found = function_source(Path(spec.origin), name.attribute)
+    found = function_source(path, name.attribute)
+    if found is None:  # a module-level name nbhw reads with ast: its assignment at the start of a line
+        m = re.search(rf"^{re.escape(name.attribute)}\s*[:=].*$", path.read_text(encoding="utf-8"), re.MULTILINE)
+        found = m.group(0) if m else None
     if found is None:
         raise AttributeError(f"{name.module} defines no {name.attribute}")
     return found

@@ -16,7 +16,7 @@ from typing import Any
 
 from nbhw.core.advice.quantization_methods import check_method
 from nbhw.core.argument import argument, arguments, checked
-from nbhw.core.dtypes import check_dtype
+from nbhw.core.dtypes import DTYPE
 from nbhw.core.errors import UserError, one_of
 from nbhw.core.hardware import backends
 from nbhw.core.hardware.targets import TARGET, check_target_args
@@ -275,10 +275,7 @@ class PlanArgs:
     """
 
     target: str | None = argument(**TARGET, control="dropdown")
-    dtype: str = argument(
-        default="auto", metavar="DTYPE", check=check_dtype, control="dropdown", emits="dtype",
-        help="float32, float16, bfloat16 or auto (the checkpoint's own); torch's aliases like half work too",
-    )  # fmt: skip
+    dtype: str = argument(**DTYPE, default="auto", control="dropdown", emits="dtype")
     device_map: DeviceMap = argument(
         default="auto", metavar="MAP", parse=device_map_from_text, check=check_device_map, word=device_map_word,
         control="dropdown", emits="device_map",

@@ -26,6 +26,7 @@ from nbhw.core.plan import codegen, estimate, for_target
 from nbhw.core.plan.arguments import DISK, PLAN_ARGUMENTS, PlanArgs, plan_args
 from nbhw.core.plan.estimate import Estimate
 from nbhw.core.plan.placement import LiveMemory, Placement, live_memory, place
+from nbhw.core.plan.preflight import warnings as preflight_warnings
 from nbhw.core.plan.quantized_sizes import PlanningQuantizer
 from nbhw.core.render import Shown
 
@@ -450,6 +451,7 @@ def plan_notes(plan: LoadPlan) -> list[str]:
     placement = plan.placement if plan.config.available else None
     if placement is not None:
         out += placement.notes
+    out += preflight_warnings(plan)  # the hook: nbhw.doctor()'s findings this cell would hit, as warnings
     return out
 
 
