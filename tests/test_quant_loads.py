@@ -1,9 +1,18 @@
-"""Real loads on this CPU with the quantization packages of the test extra: what from_pretrained really holds equals
-nbhw's estimate within 5 %, both the quantization row's weight bytes and the plan's estimate."""
+"""Real loads on this CPU with the quantization packages of the test environment: what from_pretrained really holds
+equals nbhw's estimate within 5 %, both the quantization row's weight bytes and the plan's estimate.
+
+optimum-quanto is in the venv (the test extra); bitsandbytes and torchao are installed beside it (tests/dists.py),
+so their cases run again in a child process whose sys.path has them, and this process never imports them.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,8 +23,14 @@ import nbhw
 from nbhw.core.advice.quantization_methods import build_config
 from nbhw.core.advice.quantization_sizes import SizingQuantizer, loaded_weight_bytes, weight_bytes
 from nbhw.core.hf import meta_build, model_config
+from tests.dists import QUANTIZATION_DISTS
 
 TOLERANCE = 0.05
+ROOT = Path(__file__).resolve().parents[1]
+CHILD = "NBHW_QUANT_CHILD"  # set in the child process, which must not start another
+# What the child runs: these loads and the quantization rows' tests that need the package (gate, dry run, sizes).
+CHILD_TESTS = ["tests/test_quant_loads.py", "tests/test_quantization.py"]
+CHILD_SELECTION = "loaded_bytes or absmax or packed or t4_gates or dry_run_accepts or weight_bytes_say or environment"
 
 
 def _needs(module: str) -> Any:
@@ -103,3 +118,32 @@ def test_packed_storage_is_counted_as_stored_not_at_the_logical_dtype(tiny_llama
     logical = sum(p.numel() * 2 for p in model.parameters())
     assert loaded_weight_bytes(model) < logical
     assert model.get_memory_footprint() > loaded_weight_bytes(model)  # transformers counts the bf16 shape
+
+
+def _beside_the_venv() -> dict[str, Path]:
+    """The quantization wheels set up beside the venv that this process can't import."""
+    return {m: f for m, f in QUANTIZATION_DISTS.items() if f.is_dir() and importlib.util.find_spec(m) is None}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHILD in os.environ, reason="this is the child process")
+def test_the_wheels_beside_the_venv_load_for_real_in_a_child_process() -> None:
+    beside = _beside_the_venv()
+    if not beside:
+        pytest.skip(
+            "no quantization wheel beside the venv that this process lacks (scripts/setup.sh test sets them up)"
+        )
+    path = [*map(str, beside.values()), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), CHILD: "1"}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *CHILD_TESTS]
+    proc = subprocess.run(
+        [*command, "-k", CHILD_SELECTION], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    for module in beside:  # each wheel's cases ran, none skipped as not installed
+        assert f"{module} is not installed" not in out and "its check imports bitsandbytes" not in out, out[-6000:]
+    passed = re.search(r"(\d+) passed", out)
+    assert passed is not None and int(passed.group(1)) >= 6, out[-3000:]
+    assert not {"bitsandbytes", "torchao"} & set(sys.modules)  # this process never imported them
+    print(f"child process with {', '.join(beside)}: {out.strip().splitlines()[-1]}")
