@@ -14,6 +14,7 @@ import pytest
 import torch
 import transformers.quantizers.quantizer_finegrained_fp8 as fp8_module
 from transformers import FineGrainedFP8Config
+from transformers.modeling_flash_attention_utils import FLASH_ATTENTION_COMPATIBILITY_MATRIX
 from transformers.quantizers.auto import AUTO_QUANTIZER_MAPPING
 from transformers.utils import import_utils
 
@@ -130,3 +131,12 @@ def test_the_flash_rows_for_every_target_agree_with_transformers_own_check(entry
         # Where transformers refuses, so does nbhw; where nbhw refuses what transformers accepts, it says why.
         assert (refused is None) or row.status == "won't work", (entry, row.key, refused)
         assert refused is not None or row.status != "won't work" or documented, (entry, row.key, row.reason)
+
+
+def test_a_changed_flash_matrix_in_transformers_changes_a_targets_advice(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A release that raised FlashAttention 3's floor to Blackwell: the H100's row follows it, read from the matrix.
+    assert nbhw.attention(target="H100").row("flash_attention_3").status == "works"
+    monkeypatch.setitem(FLASH_ATTENTION_COMPATIBILITY_MATRIX[3], "cuda_min_major_version", 10)
+    after = nbhw.attention(target="H100").row("flash_attention_3")
+    assert after.status == "won't work" and "compute capability 10.0" in after.reason
+    assert nbhw.attention(target="B200").row("flash_attention_3").status == "works"
