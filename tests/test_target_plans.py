@@ -104,6 +104,16 @@ def test_the_emitted_cell_uses_the_targets_device_strings(llama: str) -> None:
     assert 'device_map="hpu:0"' in quantized
 
 
+def test_devices_accelerate_does_not_budget_are_checked_against_the_catalog(llama: str) -> None:
+    # device_map="tpu:0": accelerate's get_max_memory has no tpu, so the budget is the catalog's 16 GiB per chip.
+    plan = nbhw.plan(llama, target="TPU v5e", device_map="tpu:0", dtype="bfloat16", offline=True)
+    assert plan.placement is not None and plan.placement.devices[0].budget == _entry("tpu-v5e").memory_bytes
+    assert plan.placement.kind == "one_device"
+    too_big = nbhw.plan(llama, target="TPU v5e", device_map="tpu:0", dtype="float32", offline=True)
+    assert too_big.placement is not None and too_big.placement.kind == "too_big"
+    assert any("tpu:0 needs 29.9 GiB for the weights, 16.0 GiB on the TPU v5e" in p for p in too_big.check())
+
+
 @pytest.mark.slow
 def test_readme_table_is_what_the_script_prints() -> None:
     # README's table is for a machine with bitsandbytes installed (its 4-bit column): the wheel beside the venv.

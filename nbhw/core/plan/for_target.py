@@ -12,6 +12,7 @@ devices unused.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 from nbhw.core.advice.attention import advise
@@ -20,6 +21,8 @@ from nbhw.core.advice.quantization import plan_check
 from nbhw.core.advice.status import Status
 from nbhw.core.hardware.targets import Target
 from nbhw.core.hf import meta_build
+from nbhw.core.plan.placement import Placement
+from nbhw.core.render import size
 
 
 def device_dependent(attn: str | None) -> bool:
@@ -65,6 +68,30 @@ def unused_devices(used: list[Any], target: Target, strategy: str | None) -> lis
         f"budget {kind} devices, so every layer goes to {', '.join(map(str, dict.fromkeys(used)))}; pass "
         f"device_map={target.device_name(0)!r} (or a dict naming {kind} devices)"
     ]
+
+
+def unlisted_budgets(placement: Placement, target: Target) -> Placement:
+    """The target's devices a device_map names but accelerate doesn't budget (tpu:0, neuron:0) get their catalog
+    memory as their budget too, so what goes there is checked against it as on any other device."""
+    a = target.accelerator
+    mine = re.compile(rf"{re.escape(a.device)}(:\d+)?$")
+    unlisted = {id(s) for s in placement.devices if s.budget is None and mine.match(str(s.key))}
+    if not unlisted:
+        return placement
+    shares = [replace(s, budget=a.memory_bytes) if id(s) in unlisted else s for s in placement.devices]
+    budget = {**(placement.budget or {}), **{s.key: a.memory_bytes for s in shares if s.budget == a.memory_bytes}}
+    over = [
+        f"{s.device} needs {size(s.bytes)} for the weights, {size(a.memory_bytes)} on the {a.name}"
+        for s, old in zip(shares, placement.devices, strict=True)
+        if id(old) in unlisted and s.bytes > a.memory_bytes
+    ]
+    if not over:
+        return replace(placement, budget=budget, devices=shares)
+    problems = [*placement.problems, *(f"{o}: loading would run out of memory" for o in over)]
+    return replace(
+        placement, budget=budget, devices=shares, verdict=f"does not fit: {'; '.join(over)}", kind="too_big",
+        problems=problems,
+    )  # fmt: skip
 
 
 def notes(target: Target, dtype: str) -> list[str]:

@@ -238,7 +238,8 @@ class LoadPlan(Shown):
         model = self.meta_model
         if model is None:
             return None
-        return place(model, self.args, quantizer=self.quantizer, default_device=self.default_device, live=self.live)
+        found = place(model, self.args, quantizer=self.quantizer, default_device=self.default_device, live=self.live)
+        return for_target.unlisted_budgets(found, self.target) if self.target is not None else found
 
     # ------------------------------------------------------------ dry run
 
