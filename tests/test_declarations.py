@@ -37,6 +37,12 @@ SHOWN = {
     "attn_implementation": "eager",
     "use_kernels": True,
     "quantization": "4bit",
+    # The run's size: not from_pretrained keywords, so nothing in the cell changes (no `emits`). The tiny model
+    # takes 256 positions and is decoder-only (an encoder length would be a mistake for it).
+    "context": "200",
+    "batch": 4,
+    "encoder_length": None,
+    "reserve": "600MiB",
 }
 
 

@@ -17,8 +17,9 @@ from transformers import (
 
 import nbhw
 from nbhw.core.hf import meta_build
+from nbhw.core.hf.dryrun import storage_bytes, tensors_of
 from nbhw.core.hf.tiny_model import tiny_model_path
-from nbhw.core.plan import estimate as estimate_module
+from nbhw.core.plan import run
 
 
 def config_folder(tmp_path: Path, config: Any, arch: str, dtype: str = "bfloat16") -> str:
@@ -124,18 +125,15 @@ def test_kv_cache_of_llama3_8b_is_128_kib_per_token(tmp_path: Path) -> None:
 
 
 def real_cache_bytes(config: Any, dtype: torch.dtype, tokens: int) -> int:
-    """Run a randomly initialised model on ``tokens`` tokens and add up the cache transformers keeps."""
+    """Run a randomly initialised model on ``tokens`` tokens and add up the cache transformers keeps (every storage
+    the cache object holds: keys, values, and a sliding layer's window scalar)."""
     torch.manual_seed(0)
     with meta_build.quiet():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     ids = torch.randint(0, config.vocab_size, (1, tokens))
     with torch.no_grad():
         cache = model(ids, use_cache=True).past_key_values
-    total = 0
-    for layer in cache.layers:
-        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
-            total += 0 if t is None or not isinstance(t, torch.Tensor) else t.numel() * t.element_size()
-    return total
+    return storage_bytes(tensors_of(cache))
 
 
 def tiny_qwen3(**extra: Any) -> Qwen3Config:
@@ -159,8 +157,10 @@ def tiny_qwen3(**extra: Any) -> Qwen3Config:
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kv_cache_estimate_equals_the_cache_transformers_fills(config: Any, tokens: int, dtype: torch.dtype) -> None:
-    layers, _ = estimate_module.kv_layers(config, str(dtype).removeprefix("torch."))
-    estimated = sum(k.bytes_per_token * min(tokens, k.window or tokens) for k in layers)
+    # The dry run of generate(): the cache right after a prefill of `tokens` tokens (the plan's run at tokens + 1).
+    built = run.build(config, dtype=str(dtype).removeprefix("torch."), auto_name="AutoModelForCausalLM",
+                      attn_implementation=None)  # fmt: skip
+    estimated = run.run_estimate(built.model, batch=1, context=tokens + 1, target="cpu").cache_bytes
     assert estimated == real_cache_bytes(config, dtype, tokens)
 
 

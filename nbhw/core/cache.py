@@ -31,6 +31,19 @@ class Recent(Generic[T]):
                 self._items.popitem(last=False)
         return found
 
+    def put(self, key: Hashable, value: T) -> None:
+        """Keep ``value`` for ``key`` (the newest)."""
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+    def peek(self, key: Hashable) -> T | None:
+        """The kept result for ``key``, or None: never computes."""
+        with self._lock:
+            return self._items.get(key)
+
     def clear(self) -> None:
         """Forget every result."""
         with self._lock:

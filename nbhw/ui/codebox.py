@@ -46,11 +46,12 @@ class CodeBox(anywidget.AnyWidget):
     html = traitlets.Unicode("").tag(sync=True)
     note = traitlets.Unicode("").tag(sync=True)
 
-    def show(self, code: str, note: str = "") -> None:
-        """Show ``code`` (empty: no code, buttons off) in one message."""
+    def show(self, code: str, note: str = "", html: str | None = None) -> None:
+        """Show ``code`` (empty: no code, buttons off) in one message; ``html``: its highlighted form, when made
+        already (off the widgets' lock)."""
         with self.hold_sync():
             self.code = code
-            self.html = highlight(code)
+            self.html = highlight(code) if html is None else html
             self.note = note
 
 

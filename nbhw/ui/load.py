@@ -1,8 +1,11 @@
 """The Load tab: controls whose choices come from this machine, and a live preview of the from_pretrained cell.
 
-Every change submits one job to the panels' worker (debounced, off the kernel's thread): choices for the model
-(cached), then :func:`nbhw.core.plan.load_form.preview`, then the HTML; the worker applies it under the widgets' lock
-unless a newer change came in. The code box's "Insert cell below" and "Copy" run in the browser.
+Every change submits one job to the panels' worker (debounced, off the kernel's thread), which hands the tab each
+part as soon as it is known, quickest first: the code (:func:`nbhw.core.plan.load_form.preview`, with the dtype the
+precision advice gives until the advisor's choices are known), then the choices and the dry run of from_pretrained's
+checks with the weights' placement, then the run at batch x context (one dry run of generate()) with each device's
+weights / cache / activations / reserve against its budget, then max context and max batch. The worker applies
+each part under the widgets' lock unless a newer change came in. "Insert cell below" and "Copy" run in the browser.
 """
 
 from __future__ import annotations
@@ -16,12 +19,16 @@ from nbhw.core import render
 from nbhw.core.argument import Argument
 from nbhw.core.cache import Recent
 from nbhw.core.errors import UserError
+from nbhw.core.hf import dryrun
 from nbhw.core.plan import load_form
 from nbhw.core.plan.load_form import CONTROLS, Choices, Form, Option, Preview, Unit
-from nbhw.ui.codebox import codebox
+from nbhw.ui.codebox import codebox, highlight
 from nbhw.ui.tree import close_tree
 from nbhw.ui.worker import LOCK, Worker, locked, unexpected
 
+# A change of a control is one message (dropdowns, checkboxes, and text fields on Enter): a short quiet time still
+# plans a burst once, and the code follows a change within the 0.25 s a person notices.
+DEBOUNCE = 0.02
 DEFAULT = ""  # the dropdown value of "None" (the default): ipywidgets reads a None value as "nothing selected"
 LABEL_WIDTH = "150px"
 CHOICES_CACHE = 16
@@ -35,29 +42,38 @@ STYLE = """<style>
 .nbhw-placement-blocks span { display: inline-block; width: 16px; border-radius: 2px; }
 .nbhw-placement-legend span.swatch { display: inline-block; width: 10px; height: 10px; margin: 0 4px 0 10px;
   border-radius: 2px; }
+.nbhw-budget { margin: 6px 0; }
+.nbhw-budget-row { display: flex; align-items: center; gap: 8px; margin: 2px 0; }
+.nbhw-budget-name { width: 110px; text-align: right; font-size: 12px; }
+.nbhw-budget-bar { position: relative; display: flex; height: 16px; width: 560px;
+  background: var(--jp-layout-color2, #eee); border-radius: 2px; overflow: hidden; }
+.nbhw-budget-bar .part { height: 100%; }
+.nbhw-budget-bar .over { position: absolute; top: 0; bottom: 0; width: 2px;
+  background: var(--jp-error-color1, #b42318); }
 </style>"""
 
 _choices: Recent[Choices] = Recent(CHOICES_CACHE)
+# The newest choices per model, device and offline, whatever the dtype: shown with the code of a new dtype until its
+# own choices are known (only the attention rows' marks can differ, for a moment).
+_nearby: Recent[Choices] = Recent(CHOICES_CACHE)
 
 
 def cached_choices(form: Form) -> Choices:
     """The choices for a form's model, device and dtype, computed once per combination."""
-    model, device_map, dtype, offline, target = (
-        form.model.strip(),
-        form.device_map,
-        form.dtype,
-        form.offline,
-        form.target,
-    )
+    model, device_map, dtype, offline = form.model.strip(), form.device_map, form.dtype, form.offline
+    target = form.target
     key = (model, device_map, dtype, offline, target)
-    return _choices.get(
+    found = _choices.get(
         key, lambda: load_form.choices(model, device_map=device_map, dtype=dtype, offline=offline, target=target)
     )
+    _nearby.put((model, device_map, offline, target), found)
+    return found
 
 
 def clear_cache() -> None:
     """Forget cached choices (detection and advice are read again)."""
     _choices.clear()
+    _nearby.clear()
 
 
 # ---------------------------------------------------------------- HTML pieces
@@ -68,8 +84,9 @@ def device_colors(devices: list[str]) -> dict[str, str]:
     return {device: render.device_color(device) for device in dict.fromkeys(devices)}
 
 
-def picture_html(preview: Preview) -> str:
-    """The placement as a row of blocks in model order (decoder layers tall), coloured by device, with a legend."""
+def picture_html(preview: Preview, *, run: bool = True) -> str:
+    """The placement as a row of blocks in model order (decoder layers tall), coloured by device, with a legend;
+    its title is the verdict (``run=False``: the weights' verdict, the run's still to come)."""
     blocks: list[Unit] = preview.units
     if not blocks:
         return ""
@@ -88,8 +105,9 @@ def picture_html(preview: Preview) -> str:
         )
         size = render.size(sum(u.bytes for u in mine))
         legend.append(f'<span class="swatch" style="background:{color}"></span>{render.esc(device)}: {what}, {size}')
+    verdict = preview.verdict if run else preview.weight_verdict
     return (
-        f'<div class="nbhw-placement"><b>Placement: {render.esc(preview.verdict)}</b>'
+        f'<div class="nbhw-placement"><b>Placement: {render.esc(verdict)}</b>'
         f'<div class="nbhw-placement-blocks">{cells}</div>'
         f'<div class="nbhw-placement-legend nbhw-note">{"".join(legend)}</div></div>'
     )
@@ -120,34 +138,148 @@ def message_html(preview: Preview, choices: Choices | None) -> str:
 
 @dataclass
 class Result:
-    """Everything one job hands to the widgets."""
+    """Everything one job (or one of its parts, ``done=False``) hands to the widgets."""
 
     form: Form
     choices: Choices | None
     preview: Preview
     picture: str
     report: str
+    message: str = ""
+    notes: dict[str, str] | None = None
+    done: bool = True
+    advised: str | None = None  # the precision advice's dtype, before the choices are known
+    code_html: str | None = None  # the code highlighted, made off the widgets' lock
+
+    def __post_init__(self) -> None:
+        if self.code_html is None:
+            self.code_html = highlight(self.preview.code)
 
 
-def compute(form: Form) -> Result:
-    """Choices, preview and HTML for a form (the worker runs this off the kernel's thread)."""
+PARTS = {"weights": "weights", "cache": "#f2a541", "activations": "#e4572e", "reserve": "#8d8d8d"}
+
+
+def budget_html(preview: Preview) -> str:
+    """Per device, a bar of its budget stacked with weights / cache / activations / reserve (the run's peak there)."""
+    shares = [s for s in preview.devices if s.peak_bytes is not None and (s.budget or s.needed_bytes)]
+    if not shares:
+        return ""
+    rows = []
+    for share in shares:
+        scale = float(max(share.budget or 0, share.needed_bytes or 0, 1))
+        parts = {"weights": share.bytes, "cache": share.cache_bytes or 0, "activations": share.activation_bytes or 0,
+                 "reserve": share.reserve_bytes or 0}  # fmt: skip
+        color = render.device_color(share.device)
+        cells = "".join(
+            f'<div class="part" data-part="{name}" title="{name}: {render.size(value)}" '
+            f'style="width:{100 * value / scale:.2f}%;background:{color if name == "weights" else PARTS[name]}"></div>'
+            for name, value in parts.items()
+            if value
+        )
+        over = ""
+        if share.budget is not None and (share.needed_bytes or 0) > share.budget:
+            over = f'<div class="over" style="left:{100 * share.budget / scale:.2f}%" title="budget"></div>'
+        budget = f" of {render.size(share.budget)}" if share.budget is not None else " (no budget known)"
+        rows.append(
+            f'<div class="nbhw-budget-row" data-device="{render.esc(share.device)}">'
+            f'<span class="nbhw-budget-name">{render.esc(share.device)}</span>'
+            f'<div class="nbhw-budget-bar">{cells}{over}</div>'
+            f'<span class="nbhw-note">{render.size(share.needed_bytes)}{budget}</span></div>'
+        )
+    legend = "".join(
+        f'<span class="swatch" style="background:{"#999" if c == "weights" else c}"></span>{name}'
+        for name, c in PARTS.items()
+    )
+    return (
+        f'<div class="nbhw-budget"><b>The run on each device: {render.esc(preview.verdict)}</b>{"".join(rows)}'
+        f'<div class="nbhw-placement-legend nbhw-note">{legend} (weights in the device\'s colour)</div></div>'
+    )
+
+
+def coming(text: str) -> str:
+    """A note for a part still being computed."""
+    return f'<p class="nbhw-note nbhw-coming">{render.esc(text)}</p>'
+
+
+class _Keep:
+    """The ``post`` of a compute run outside the worker: every part is wanted."""
+
+    def __call__(self, partial: Result) -> bool:
+        return True
+
+    def stale(self) -> bool:
+        return False
+
+
+def compute(form: Form, post: Any = None) -> Result:
+    """Choices, preview and HTML for a form (the worker runs this off the kernel's thread); ``post`` (the worker's
+    Poster) receives each part as it is ready, and says False once a newer change made this one stale: the rest
+    is skipped, a dry run under way included (it stops between two ops)."""
+    post = post or _Keep()
     try:
-        return _compute(form)
+        with dryrun.interruptible(post.stale):
+            return _compute(form, post)
+    except dryrun.Interrupted:
+        return Result(form, None, Preview(form), "", "", "", done=False)  # stale: the worker drops it
     except Exception as exc:
-        return Result(form, None, Preview(form, error=unexpected(exc)), "", "")
+        failed = Preview(form, error=unexpected(exc))
+        return Result(form, None, failed, "", "", message_html(failed, None))
 
 
-def _compute(form: Form) -> Result:
-    choices: Choices | None = None
-    try:
-        choices = cached_choices(form)
-    except UserError as exc:
-        return Result(form, None, Preview(form, error=str(exc)), "", "")
+def _known_choices(form: Form) -> Choices | None:
+    """The form's choices if they are known, else those of the same model and device with another dtype."""
+    model, device_map, offline, target = form.model.strip(), form.device_map, form.offline, form.target
+    found = _choices.peek((model, device_map, form.dtype, offline, target))
+    return found if found is not None else _nearby.peek((model, device_map, offline, target))
+
+
+def _compute(form: Form, post: Any) -> Result:
+    choices = _known_choices(form)
+    advised = choices.advised_dtype if choices is not None else load_form.quick_dtype(form)
     if form.dtype is None:
-        form = form.with_dtype(choices.advised_dtype)
+        if advised is None:
+            asked = _choices_or_error(form)
+            if isinstance(asked, Result):
+                return asked
+            choices, advised = asked, asked.advised_dtype
+        form = form.with_dtype(advised)
     preview = load_form.preview(form)
-    report = preview.plan.html(code=False) if preview.plan is not None else ""
-    return Result(form, choices, preview, picture_html(preview), report)
+    if preview.error is not None:
+        return Result(form, choices, preview, "", "", message_html(preview, choices))
+    waiting = "<span class='nbhw-note'>checking with transformers…</span>"
+    first = Result(form, choices, preview, "", coming("the dry run and the estimate are coming"), waiting, done=False,
+                   advised=advised)  # fmt: skip
+    html = first.code_html
+    if not post(first):
+        return first  # stale: a newer change is queued
+    found = _choices_or_error(form)
+    if isinstance(found, Result):
+        return found
+    plan = preview.plan
+    assert plan is not None
+    message = message_html(preview, found)
+    notes = load_form.size_notes(plan)
+    weights = picture_html(preview, run=False)
+    report = coming(f"the run at {plan.context:,} tokens, batch {plan.batch}: planning…") + plan.html(
+        code=False, run=False
+    )
+    checked = Result(form, found, preview, weights, report, message, notes, done=False, code_html=html)
+    if not post(checked):
+        return checked
+    picture = picture_html(preview, run=True) + budget_html(preview)
+    report = coming("max context and max batch: searching…") + plan.html(code=False, searches=False)
+    sized = Result(form, found, preview, picture, report, message, notes, done=False, code_html=html)
+    if not post(sized):
+        return sized
+    return Result(form, found, preview, picture, plan.html(code=False), message, notes, code_html=html)
+
+
+def _choices_or_error(form: Form) -> Choices | Result:
+    try:
+        return cached_choices(form)
+    except UserError as exc:
+        failed = Preview(form, error=str(exc))
+        return Result(form, None, failed, "", "", message_html(failed, None))
 
 
 # ---------------------------------------------------------------- the view
@@ -192,7 +324,7 @@ class LoadView:
         for control in self.controls():
             control.observe(self._changed, names="value")
         self._set_memory_fields([load_form.MemoryField(k, k, None) for k, _ in form.max_memory])
-        self.refresh()
+        self.refresh(delay=0.0)  # the first plan is no burst of changes
 
     def _make_controls(self, form: Form, models: list[str]) -> None:
         w = _ipywidgets()
@@ -217,6 +349,7 @@ class LoadView:
         self.code = codebox()
         self.picture = w.HTML()
         self.report = w.HTML()
+        self.report.add_class("nbhw-load-report")
 
     def _input(self, declared: Argument, word: Any) -> Any:
         label = {"description_width": LABEL_WIDTH}
@@ -290,10 +423,12 @@ class LoadView:
             self.message.value = "<span class='nbhw-note'>planning…</span>"
             self.refresh()
 
-    def refresh(self) -> int:
-        """Plan the current form in the background; the job's generation."""
+    def refresh(self, delay: float = DEBOUNCE) -> int:
+        """Plan the current form in the background, each part shown as it comes; the job's generation."""
         form = self.form
-        return self.worker.submit(self._key, lambda: compute(form), self._apply)
+        return self.worker.submit(
+            self._key, lambda post: compute(form, post), self._apply, delay=delay, progress=self._apply
+        )
 
     # -- applying a result (under the lock, on the worker's thread)
 
@@ -306,13 +441,20 @@ class LoadView:
             self.form = result.form
             if result.choices is not None and result.choices is not self.choices:
                 self._show_choices(result.choices, result.form)
-            self._show_form(result.form)
+            if self.choices is not None:
+                self._show_form(result.form)
+            elif result.advised is not None:  # before the choices: the dtypes, the advised one marked
+                pairs = _pairs(load_form.dtype_options(result.advised), result.form.dtype)
+                with self.inputs["dtype"].hold_sync():
+                    self.inputs["dtype"].options = pairs
+                    self.inputs["dtype"].value = result.form.dtype or DEFAULT
             self._show_notes(result)
-            self.message.value = message_html(result.preview, result.choices)
-            self.code.show(result.preview.code)
+            self.message.value = result.message
+            self.code.show(result.preview.code, html=result.code_html)
             self.picture.value = result.picture
             self.report.value = result.report
-            self.result = result
+            if result.done:
+                self.result = result
         finally:
             self._syncing = False
 
@@ -378,8 +520,9 @@ class LoadView:
         choices = result.choices
         if choices is None:
             return
+        notes = {**choices.notes, **(result.notes or {})}
         for name in CONTROLS:
-            self.notes[name].value = note_html(choices.notes[name]) if choices.notes.get(name) else ""
+            self.notes[name].value = note_html(notes[name]) if notes.get(name) else ""
         option = choices.option("attn_implementation", result.form.attn_implementation)
         if option is None:
             text = "not one of the advisor's rows: checked by the dry run only"

@@ -116,10 +116,17 @@ class Panel:
 
     def _make(self, worker: Worker) -> None:
         models = list(dict.fromkeys([self.form.model, *cached_models()]))
-        self.devices = DevicesView(worker)
+        # Each view starts its first job when it is made: the tab the panel opens on goes first (the Load tab's code
+        # then waits neither for detection nor for the advisor's builds, seconds the first time).
+        makers = {
+            "Devices": lambda: setattr(self, "devices", DevicesView(worker)),
+            "Attention": lambda: setattr(self, "attention", AttentionView(worker, self.form.model, self.form.offline,
+                                                                          models)),
+            "Load": lambda: setattr(self, "load", LoadView(self.form, worker, models)),
+        }  # fmt: skip
+        for name in sorted(makers, key=lambda n: n != self.tab):
+            makers[name]()
         self._memory_box = w.VBox([w.HTML(MEMORY_WAITING)])
-        self.attention = AttentionView(worker, self.form.model, self.form.offline, models)
-        self.load = LoadView(self.form, worker, models)
         tabs = w.Tab(children=[self.devices.box, self._memory_box, self.attention.box, self.load.box])
         tabs.titles = TABS
         tabs.selected_index = TABS.index(self.tab)

@@ -19,7 +19,7 @@ from typing import Any
 
 from nbhw.ui.memory import LOCK  # the one lock of every nbhw widget, shared with the memory graph
 
-__all__ = ["DEBOUNCE", "LOCK", "THREAD_NAME", "Job", "Worker", "locked"]
+__all__ = ["DEBOUNCE", "LOCK", "THREAD_NAME", "Job", "Poster", "Worker", "locked"]
 
 DEBOUNCE = 0.15
 THREAD_NAME = "nbhw-panel"
@@ -32,13 +32,19 @@ def unexpected(exc: Exception) -> str:
 
 @dataclass
 class Job:
-    """One submitted piece of work: compute off the lock, apply under it if still the newest of its kind."""
+    """One submitted piece of work: compute off the lock, apply under it if still the newest of its kind.
+
+    With ``progress``, ``compute`` is called with a function that hands it a partial result: applied at once by
+    ``progress`` under the lock, unless a newer job of the same kind came in (the slow parts fill in after). That
+    function returns False once the job is stale, so ``compute`` can stop early.
+    """
 
     key: Hashable
     generation: int
-    compute: Callable[[], Any]
+    compute: Callable[..., Any]
     apply: Callable[[Any], None]
     due: float
+    progress: Callable[[Any], None] | None = None
 
 
 class Worker:
@@ -59,16 +65,24 @@ class Worker:
         self._thread: threading.Thread | None = None
 
     def submit(
-        self, key: Hashable, compute: Callable[[], Any], apply: Callable[[Any], None], delay: float | None = None
+        self,
+        key: Hashable,
+        compute: Callable[..., Any],
+        apply: Callable[[Any], None],
+        delay: float | None = None,
+        progress: Callable[[Any], None] | None = None,
     ) -> int:
-        """Queue work for ``key``, replacing any not yet started; its generation (0 once stopped)."""
+        """Queue work for ``key``, replacing any not yet started; its generation (0 once stopped).
+
+        ``progress``: ``compute`` takes one argument, a function it calls with each partial result (see Job).
+        """
         with self._cond:
             if self._stopped:
                 return 0
             generation = next(self._generations)
             self._newest[key] = generation
             due = time.monotonic() + (self.debounce if delay is None else delay)
-            self._pending[key] = Job(key, generation, compute, apply, due)
+            self._pending[key] = Job(key, generation, compute, apply, due, progress)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
@@ -99,7 +113,7 @@ class Worker:
     def _run(self) -> None:
         while (job := self._next()) is not None:
             try:
-                result = job.compute()
+                result = job.compute(self._poster(job)) if job.progress is not None else job.compute()
                 with LOCK:
                     if self.current(job.key, job.generation):
                         job.apply(result)
@@ -112,6 +126,9 @@ class Worker:
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
+
+    def _poster(self, job: Job) -> Poster:
+        return Poster(self, job)
 
     def idle(self) -> bool:
         """Nothing queued and nothing running."""
@@ -143,6 +160,26 @@ class Worker:
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+
+
+class Poster:
+    """What a job's ``compute`` is handed with ``progress``: call it with a partial result (applied under the lock if
+    the job is still the newest of its kind; it says whether it is), ask ``stale()`` between slow steps."""
+
+    def __init__(self, worker: Worker, job: Job) -> None:
+        self.worker = worker
+        self.job = job
+
+    def __call__(self, partial: Any) -> bool:
+        with LOCK:
+            if self.job.progress is None or self.stale():
+                return False
+            self.job.progress(partial)
+            return True
+
+    def stale(self) -> bool:
+        """Whether a newer job of the same kind came in (or the worker stopped)."""
+        return not self.worker.current(self.job.key, self.job.generation)
 
 
 @functools.cache

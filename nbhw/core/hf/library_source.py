@@ -219,3 +219,26 @@ def auto_memory_order() -> Order | None:
 def accelerate_default_order() -> Order | None:
     """The device order of accelerate's ``PartialState.default_device`` (``Accelerator().device``)."""
     return read_order("accelerate", "state.py", "PartialState.default_device")
+
+
+@lru_cache(maxsize=4)
+def _strategies(path: Path, mtime: float) -> tuple[str, ...]:
+    source = function_source(path, "check_and_set_device_map")
+    if source is None:
+        return ()
+    for node in ast.walk(ast.parse(source)):
+        # `isinstance(device_map, str) and device_map not in ["auto", "balanced", ...]`: the strings kept as they are
+        if isinstance(node, ast.Compare) and isinstance(node.ops[0], ast.NotIn):
+            names = node.comparators[0]
+            if isinstance(names, ast.List | ast.Tuple) and all(isinstance(e, ast.Constant) for e in names.elts):
+                return tuple(str(e.value) for e in names.elts if isinstance(e, ast.Constant))
+    return ()
+
+
+def device_map_strategies() -> tuple[str, ...]:
+    """The device_map strings transformers computes a map for (its check_and_set_device_map), read from its source:
+    calling it imports transformers' modeling code (seconds, the first time). () when it can't be read."""
+    path = library_file("transformers", "integrations/accelerate.py")
+    if path is None:
+        return ()
+    return _strategies(path, path.stat().st_mtime)

@@ -51,6 +51,8 @@ def _n(module: str, attribute: str, how: How, read_from: str, why: str, *, only:
 
 
 CUDA_BUILD = "a CUDA build of torch"
+MEM = "torch.distributed._tools.mem_tracker"
+GEN = "transformers.generation.utils"
 
 
 TORCH = "2.13.0"
@@ -67,6 +69,42 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     _n("torch.cuda", "_parse_visible_devices", "call", TORCH, "CUDA_VISIBLE_DEVICES as torch parses it"),
     _n("torch.cuda", "_transform_uuid_to_ordinals", "call", TORCH, "GPU-UUID entries of CUDA_VISIBLE_DEVICES"),
     _n("torch.xpu", "_is_compiled", "call", TORCH, "whether this torch was built with XPU support"),
+    # torch: the run planner's dry run (nbhw/core/hf/dryrun.py): MemTracker's storage accounting, lean
+    _n(f"{MEM}", "MemTracker", "call", TORCH, "the tracker a dry run subclasses (a private module of torch)"),
+    _n(f"{MEM}", "MemTracker._track", "call", TORCH, "count an op's output storages, each once"),
+    _n(f"{MEM}", "MemTracker._update_snap", "patch", TORCH, "totals per planned device instead of per torch device"),
+    _n(f"{MEM}", "MemTracker()._WINFO", "read", TORCH, "storage -> its info: the device a tensor is counted on"),
+    _n(f"{MEM}", "_MemRefType", "read", TORCH, "the category outputs are tracked under"),
+    _n(f"{MEM}", "_UpdateType", "read", TORCH, "add / delete / resize in _update_snap"),
+    _n("torch.utils._python_dispatch", "TorchDispatchMode", "call", TORCH, "enter the mode without MemTracker's hooks"),
+    _n("torch.utils._python_dispatch", "_disable_current_modes", "call", TORCH, "ask CPU SDPA's selector aside"),
+    _n("torch._ops", "OpOverload", "read", TORCH, "which ops the meta-kernel memo may remember"),
+    _n(
+        "torch", "ops.aten.add.default._schema", "read", TORCH, "an op's schema: views and in-place ops aren't memoised"
+    ),
+    _n("torch", "UntypedStorage._cdata", "read", TORCH, "a storage's identity: each counted once"),
+    _n("torch", "_fused_sdp_choice", "call", TORCH, "the SDPA kernel CPU torch picks, asked with 2-token stand-ins"),
+    _n("torch", "_grouped_mm", "read", TORCH, "MoE grouped_mm on meta: routed to transformers' fallback op"),
+    _n("torch", "ops.aten._safe_softmax", "read", TORCH, "the math path's softmax: its two hidden buffers replayed"),
+    _n("torch", "ops.aten._scaled_dot_product_flash_attention_for_cpu", "call", TORCH, "CPU flash SDPA meta"),
+    _n("torch", "ops.aten._scaled_dot_product_flash_attention", "call", TORCH, "CUDA flash SDPA's meta kernel"),
+    _n(
+        "torch",
+        "ops.aten._scaled_dot_product_efficient_attention",
+        "call",
+        TORCH,
+        "memory-efficient SDPA's meta kernel",
+    ),
+    # transformers: generate()'s own steps, run by the dry run in its order (nbhw/core/plan/run.py)
+    _n(TF, "PreTrainedModel._get_dtype_plan", "call", TF_V, "the dtype plan from_pretrained applies (fp32 modules)"),
+    _n(f"{TF}.core_model_loading", "build_glob_alternation", "call", TF_V, "from_pretrained's matcher of the plan"),
+    _n(GEN, "GenerationMixin._prepare_generation_config", "call", TF_V, "generate()'s merge of generation options"),
+    _n(GEN, "GenerationMixin._prepare_cache_for_generation", "call", TF_V, "the cache generate() creates"),
+    _n(GEN, "GenerationMixin._maybe_prepare_encoder_kwargs_for_generation", "call", TF_V, "the encoder's run"),
+    _n(GEN, "GenerationMixin._prepare_position_ids_for_generation", "call", TF_V, "position ids from the mask"),
+    _n(GEN, "GenerationMixin._supports_logits_to_keep", "call", TF_V, "generate() computes the last logits only"),
+    _n(GEN, "GenerationMixin._prefill", "source", TF_V, "the prefill forward; reads GenerationConfig._mask_length"),
+    _n(GEN, "GenerationMixin._update_model_kwargs_for_generation", "call", TF_V, "kwargs between two steps"),
     # transformers: the decisions from_pretrained makes, asked of transformers itself
     _n(f"{TF}.integrations.accelerate", "_get_device_map", "call", TF_V, "device_map='auto' and the strategies"),
     _n(f"{TF}.integrations.accelerate", "accelerate_max_memory", "patch", TF_V, "NVML's free memory, no context"),

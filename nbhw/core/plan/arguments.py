@@ -20,6 +20,7 @@ from nbhw.core.dtypes import DTYPE
 from nbhw.core.errors import UserError, one_of
 from nbhw.core.hardware import backends
 from nbhw.core.hardware.targets import TARGET, check_target_args
+from nbhw.core.hf import library_source
 from nbhw.core.hf.meta_build import is_hub_kernel, quiet
 from nbhw.core.render import py_literal
 
@@ -39,7 +40,11 @@ MemoryKey = int | str
 
 @lru_cache(maxsize=1)
 def strategy_names() -> tuple[str, ...]:
-    """The device_map strings transformers computes a map for, read from its own error message."""
+    """The device_map strings transformers computes a map for: read from its source (no import, so the Load tab's
+    first code doesn't wait for transformers' modeling code), else from its own error message."""
+    found = library_source.device_map_strategies()
+    if found:
+        return found
     # lazy: import nbhw and %load_ext nbhw stay free of transformers
     from transformers.integrations.accelerate import check_and_set_device_map
 
@@ -75,14 +80,9 @@ def _torch_device(text: str) -> str:
 
 
 def _is_strategy(text: str) -> bool:
-    """Whether transformers treats this string as a strategy (auto, balanced, ...) rather than a device."""
-    # lazy: import nbhw and %load_ext nbhw stay free of transformers
-    from transformers.integrations.accelerate import check_and_set_device_map
-
-    try:
-        return isinstance(check_and_set_device_map(text), str)
-    except (ValueError, RuntimeError, AssertionError):
-        return False
+    """Whether transformers treats this string as a strategy (auto, balanced, ...) rather than a device: its
+    check_and_set_device_map returns exactly those strings as they are."""
+    return text in strategy_names()
 
 
 def _dict_value(module: str, value: Any) -> int | str:
@@ -174,22 +174,22 @@ def check_quantization(value: Any) -> str | None:
 # ---------------------------------------------------------------- max_memory
 
 
-def size_bytes(size: int | str) -> int:
+def size_bytes(size: int | str, what: str = "max_memory size") -> int:
     """A size as accelerate's convert_file_size_to_int reads it ('70GiB', '500MB', or bytes as an int)."""
     # lazy: import nbhw and %load_ext nbhw stay free of accelerate
     from accelerate.utils import convert_file_size_to_int
 
     if isinstance(size, bool) or not isinstance(size, int | str):
-        raise UserError(f"max_memory size {size!r} is not a size; valid: bytes as an int, or '70GiB', '500MB'")
+        raise UserError(f"{what} {size!r} is not a size; valid: bytes as an int, or '70GiB', '500MB'")
     if isinstance(size, int) and size < 0:
-        raise UserError(f"max_memory size {size} is negative")
+        raise UserError(f"{what} {size} is negative")
     try:
         value = int(convert_file_size_to_int(size))
     except (ValueError, OverflowError):
         value = -1
     if value < 0:
         raise UserError(
-            f"max_memory size {size!r} is not valid; valid: a number with a unit, e.g. 70GiB, 512MiB, 80GB, 500MB "
+            f"{what} {size!r} is not valid; valid: a number with a unit, e.g. 70GiB, 512MiB, 80GB, 500MB "
             "(accelerate's convert_file_size_to_int), or bytes as an int"
         )
     return value
@@ -250,6 +250,76 @@ def _split_item(item: Any) -> tuple[str, str]:
     return key.strip(), size.strip()
 
 
+# ---------------------------------------------------------------- the run: context, batch, encoder length, reserve
+
+DEFAULT_CONTEXT = 4096
+MOST_TOKENS = 1 << 24  # 16,777,216: past any published model's positions; a larger figure is a typo
+MOST_SEQUENCES = 65_536
+_SUFFIX = {"": 1, "k": 1024, "m": 1024**2}
+
+
+def tokens(text: str, what: str = "context") -> int:
+    """A token count as people write it: 32768, 32k, 32K, 128k, 1m (k = 1,024, as 32k context windows are)."""
+    m = re.fullmatch(r"\s*(-?\d[\d_,]*)\s*([kKmM]?)\s*", text)
+    if m is None:
+        raise UserError(f"{what} {text!r} is not a token count; valid: a whole number like 4096, 32k, 32K or 128k")
+    return int(m.group(1).replace("_", "").replace(",", "")) * _SUFFIX[m.group(2).lower()]
+
+
+def _count(value: Any, what: str, low: int, high: int, unit: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UserError(f"{what} {value!r} is not a whole number; valid: {low:,} to {high:,} {unit}")
+    if not low <= value <= high:
+        raise UserError(f"{what} {value:,} is out of range; valid: {low:,} to {high:,} {unit}")
+    return value
+
+
+def check_context(value: Any) -> int | None:
+    """Tokens per sequence, prompt + generated: 2 (one prompt token and one generated) up to 16,777,216."""
+    if value is None:
+        return None
+    return _count(value, "context", 2, MOST_TOKENS, "tokens per sequence (prompt + generated), e.g. 4096, 32k")
+
+
+def check_batch(value: Any) -> int:
+    """Sequences generated together: 1 to 65,536."""
+    return _count(value, "batch", 1, MOST_SEQUENCES, "sequences")
+
+
+def batch_from_text(text: str) -> int:
+    """``--batch`` words: a whole number (4, 16)."""
+    if not re.fullmatch(r"\s*-?\d+\s*", text):
+        raise UserError(f"batch {text!r} is not a whole number; valid: 1 to {MOST_SEQUENCES:,} sequences")
+    return int(text)
+
+
+def encoder_length_from_text(text: str) -> int:
+    """``--encoder-length`` words: a token count like 512 or 4k."""
+    return tokens(text, "encoder_length")
+
+
+def check_encoder_length(value: Any) -> int | None:
+    """Tokens the encoder of an encoder-decoder model reads: 1 up to 16,777,216 (the model's own limit: in the plan)."""
+    if value is None:
+        return None
+    return _count(value, "encoder_length", 1, MOST_TOKENS, "tokens the encoder reads, e.g. 512, 4k")
+
+
+def check_reserve(value: Any) -> int | str | None:
+    """A size per accelerator as accelerate reads sizes ('600MiB', '1GiB', or bytes), kept as written."""
+    if value is None:
+        return None
+    if isinstance(value, str) and re.fullmatch(r"\s*\d+\s*", value):
+        value = int(value)
+    size_bytes(value, "reserve")
+    return value  # type: ignore[no-any-return]
+
+
+def word(value: Any) -> Any:
+    """A number as the text field shows it (None stays None: the field is empty)."""
+    return None if value is None else str(value)
+
+
 # ---------------------------------------------------------------- the declaration
 
 
@@ -299,6 +369,26 @@ class PlanArgs:
         help="quantize the weights on load: 4bit or 8bit (bitsandbytes), or a method transformers quantizes on load "
         "with (torchao, quanto, ...; %hw quantization lists them)",
     )  # fmt: skip
+    # The run: what generating needs besides the weights. Not from_pretrained keywords, so the cell is the same.
+    context: int | None = argument(
+        metavar="TOKENS", parse=tokens, check=check_context, word=word, control="text",
+        help=f"tokens per sequence, prompt + generated: 4096, 32k, 128k (default {DEFAULT_CONTEXT:,}, or the model's "
+        "maximum when smaller); for encoder-decoder models the decoder's",
+    )  # fmt: skip
+    batch: int = argument(
+        default=1, metavar="N", parse=batch_from_text, check=check_batch, word=word, control="text",
+        help="sequences generated together (default 1)",
+    )  # fmt: skip
+    encoder_length: int | None = argument(
+        metavar="TOKENS", parse=encoder_length_from_text, check=check_encoder_length, word=word,
+        control="text", help="encoder-decoder models (T5, Whisper): tokens the encoder reads; default: the context "
+        "(speech encoders: their fixed window, Whisper 1,500)",
+    )  # fmt: skip
+    reserve: int | str | None = argument(
+        metavar="SIZE", check=check_reserve,
+        help="memory each accelerator holds outside tensors (CUDA context, cuBLAS workspaces), e.g. 600MiB; "
+        "default: nbhw's stated figure for the backend",
+    )  # fmt: skip
 
     @property
     def max_memory_bytes(self) -> dict[MemoryKey, int] | None:
@@ -306,6 +396,11 @@ class PlanArgs:
         if self.max_memory is None:
             return None
         return {k: size_bytes(v) for k, v in self.max_memory.items()}
+
+    @property
+    def reserve_bytes(self) -> int | None:
+        """``reserve`` in bytes (None: nbhw's stated figure per backend)."""
+        return None if self.reserve is None else size_bytes(self.reserve, "reserve")
 
 
 PLAN_ARGUMENTS = arguments(PlanArgs)

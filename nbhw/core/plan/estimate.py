@@ -1,32 +1,28 @@
-"""Memory estimate from a model built on the meta device: exact weights, largest layer, KV cache, training.
+"""Memory estimate from a model built on the meta device: exact weights, largest layer, training, and the run.
 
-Sizes come from the libraries: transformers' ``compute_module_sizes`` (tied weights once, quantized weights at the
-quantizer's element size), accelerate's ``get_max_layer_size`` and ``estimate_training_usage``, and the KV-cache
-layout transformers' own caches use (``get_layer_types_and_kwargs``, ``get_head_shapes``).
+Weights come from the libraries: transformers' ``compute_module_sizes`` (tied weights once, quantized weights at the
+quantizer's element size), accelerate's ``get_max_layer_size`` and ``estimate_training_usage``. What generating at
+``batch x context`` adds (the cache, the fixed state, the prefill's transients, the framework's reserve, the host's
+peak while loading) comes from one source only, the dry run of :mod:`nbhw.core.plan.run`; the plan fills it in
+(:meth:`Estimate.with_run`), and where the dry run can't answer ``run_problem`` says which part and why.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-# Cache layer kinds, in transformers' cache_utils words: which grow with every token, which stop at a window.
-GROWING = {"full_attention", "indexed_attention", "hybrid"}
-WINDOWED = {"sliding_attention", "chunked_attention", "hybrid_sliding"}
-FIXED = {"conv", "linear_attention", "dummy"}
-
-
-@dataclass
-class KvLayer:
-    """One decoder layer's KV cache: bytes per token (keys + values), and the token count it stops growing at."""
-
-    bytes_per_token: int
-    window: int | None = None
+from nbhw.core.plan.run import LoadPeak, RunEstimate
 
 
 @dataclass
 class Estimate:
-    """What the weights, the KV cache and training take, in the plan's dtype."""
+    """What the weights and training take in the plan's dtype, and what the run at ``batch x context`` holds.
+
+    The run's fields are None until the plan's dry run has filled them in (``plan.estimate`` always has; the
+    Load tab shows the weights first), and stay None when the dry run can't answer (``run_problem`` says why).
+    """
 
     dtype: str
     parameters: int
@@ -35,12 +31,26 @@ class Estimate:
     buffer_bytes: int
     largest_layer_bytes: int
     largest_layer: list[str]
-    kv_layers: list[KvLayer] = field(default_factory=list)
-    kv_note: str | None = None
     training: dict[str, int] = field(default_factory=dict)
     training_precision: str = "bfloat16"
     quantization: str | None = None
     notes: list[str] = field(default_factory=list)
+    # the run (nbhw.core.plan.run): tokens per sequence, sequences, and what the dry run measured
+    context: int | None = None
+    batch: int | None = None
+    encoder_length: int | None = None
+    cache_bytes: int | None = None  # right after the prefill: the peak of the cache (a window still holds the prompt)
+    cache_decode_bytes: int | None = None  # after the decode step that reaches the context
+    state_bytes: int | None = None  # of cache_bytes: fixed conv / recurrent state of state-space and hybrid layers
+    cross_cache_bytes: int | None = None  # of cache_bytes: cross-attention keys and values (encoder-decoder)
+    activation_bytes: int | None = None  # the prefill's transient peak above weights and cache
+    peak_bytes: int | None = None  # the run's tensors at their worst moment, every device together
+    reserve_bytes: int | None = None  # what the frameworks hold outside tensors, every device the run uses
+    load_peak: LoadPeak | None = None  # the host while from_pretrained reads the checkpoint
+    cache_class: str | None = None
+    not_covered: list[str] = field(default_factory=list)  # what the dry run does not see, in words
+    run_problem: str | None = None  # why there are no run figures
+    cache_at: Callable[[int], int | None] | None = field(default=None, repr=False, compare=False)
 
     @property
     def total_bytes(self) -> int:
@@ -62,16 +72,38 @@ class Estimate:
         """accelerate's weights + gradients + optimizer states, held together as they are during a step."""
         return sum(v for k, v in self.training.items() if k in {"model", "gradients", "optimizer"})
 
+    @property
+    def load_peak_bytes(self) -> int | None:
+        """The host's resident memory at the load's peak (private copies plus the checkpoint's mapped pages)."""
+        return None if self.load_peak is None else self.load_peak.rss_bytes
+
     def kv_cache_bytes(self, tokens: int = 1000) -> int | None:
-        """KV-cache bytes for ``tokens`` tokens of one sequence; None when the layout is unknown."""
-        if not self.kv_layers:
-            return None
-        return sum(layer.bytes_per_token * min(tokens, layer.window or tokens) for layer in self.kv_layers)
+        """The cache of one sequence of ``tokens`` tokens, by a dry run at that length; None when not covered."""
+        return self.cache_at(tokens) if self.cache_at is not None else None
 
     @property
     def kv_cache_per_1k_tokens(self) -> int | None:
-        """KV-cache bytes per 1,000 tokens of one sequence."""
+        """The cache of one sequence of 1,000 tokens (a dry run at that length)."""
         return self.kv_cache_bytes(1000)
+
+    def with_run(self, run: RunEstimate, *, weight_bytes: int, reserve_bytes: int, **extra: Any) -> Estimate:
+        """This estimate with a dry run's figures; ``weight_bytes``: the weights as placed (quantized size)."""
+        return replace(
+            self,
+            context=run.context,
+            batch=run.batch,
+            encoder_length=run.encoder_tokens,
+            cache_bytes=run.cache_bytes,
+            cache_decode_bytes=run.cache_decode_bytes,
+            state_bytes=run.state_bytes,
+            cross_cache_bytes=run.cross_cache_bytes,
+            activation_bytes=run.activation_bytes,
+            peak_bytes=run.peak_bytes - run.weight_bytes + weight_bytes,
+            reserve_bytes=reserve_bytes,
+            cache_class=run.cache_class,
+            not_covered=list(run.not_covered),
+            **extra,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data (bytes as ints)."""
@@ -85,74 +117,27 @@ class Estimate:
             "total_bytes": self.total_bytes,
             "largest_layer_bytes": self.largest_layer_bytes,
             "largest_layer": self.largest_layer,
-            "kv_cache_per_1k_tokens": self.kv_cache_per_1k_tokens,
-            "kv_cache_layers": len([k for k in self.kv_layers if k.bytes_per_token]),
-            "kv_note": self.kv_note,
             "training": dict(self.training),
             "training_peak": self.training_peak,
             "training_total": self.training_total,
             "training_precision": self.training_precision,
+            "context": self.context,
+            "batch": self.batch,
+            "encoder_length": self.encoder_length,
+            "cache_bytes": self.cache_bytes,
+            "cache_decode_bytes": self.cache_decode_bytes,
+            "state_bytes": self.state_bytes,
+            "cross_cache_bytes": self.cross_cache_bytes,
+            "activation_bytes": self.activation_bytes,
+            "peak_bytes": self.peak_bytes,
+            "reserve_bytes": self.reserve_bytes,
+            "load_peak_bytes": self.load_peak_bytes,
+            "load_peak": None if self.load_peak is None else vars(self.load_peak),
+            "cache_class": self.cache_class,
+            "not_covered": list(self.not_covered),
+            "run_problem": self.run_problem,
             "notes": list(self.notes),
         }
-
-
-def _element_size(dtype: str) -> int:
-    import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
-
-    return int(getattr(torch, dtype).itemsize)
-
-
-def _head_dims(layer_config: Any, num_kv_heads: int, head_dim: int) -> int:
-    """Key + value width of one token in one layer (MLA models cache different key and value sizes)."""
-    qk = getattr(layer_config, "qk_head_dim", None)
-    if qk is not None:
-        heads = int(layer_config.num_attention_heads)
-        return heads * (int(qk) + int(getattr(layer_config, "v_head_dim", None) or qk))
-    return 2 * num_kv_heads * head_dim
-
-
-def kv_layers(config: Any, dtype: str) -> tuple[list[KvLayer], str | None]:
-    """Each decoder layer's KV cache, by the rules transformers' DynamicCache uses; a note when something is off."""
-    # lazy: import nbhw and %load_ext nbhw stay free of transformers
-    from transformers.cache_utils import get_layer_types_and_kwargs
-
-    # lazy: import nbhw and %load_ext nbhw stay free of transformers
-    from transformers.configuration_utils import get_head_shapes
-
-    try:
-        text = config.get_text_config(decoder=True)
-        types, kwargs = get_layer_types_and_kwargs(text)
-        heads, dims = get_head_shapes(text)
-        per_layer = list(text.per_layer_config)
-    except Exception as exc:
-        return (
-            [],
-            f"KV cache not estimated: transformers' cache rules can't read this config ({type(exc).__name__}: {exc})",
-        )
-    size = _element_size(dtype)
-    layers, unknown, fixed = [], set(), 0
-    for i, (kind, extra) in enumerate(zip(types, kwargs, strict=False)):
-        n_heads = heads[i] if isinstance(heads, list) else heads
-        dim = dims[i] if isinstance(dims, list) else dims
-        per_token = _head_dims(per_layer[i], int(n_heads), int(dim)) * size
-        if kind in GROWING:
-            layers.append(KvLayer(per_token))
-        elif kind in WINDOWED:
-            # DynamicSlidingWindowLayer keeps the last sliding_window - 1 tokens.
-            window = int(extra.get("sliding_window") or 0)
-            layers.append(KvLayer(per_token, window - 1 if window > 1 else None))
-        else:
-            fixed += kind in FIXED
-            unknown |= set() if kind in FIXED else {kind}
-            layers.append(KvLayer(0))
-    notes = []
-    if fixed:
-        notes.append(f"{fixed} layers keep a fixed-size state instead of a per-token cache")
-    if unknown:
-        notes.append(f"layers of type {', '.join(sorted(unknown))} are not counted")
-    if getattr(config, "is_encoder_decoder", False):
-        notes.append("decoder self-attention only; cross-attention adds a cache per input token")
-    return layers, "; ".join(notes) or None
 
 
 def training_usage(parameters: int, dtype: str) -> tuple[dict[str, int], str]:
@@ -173,15 +158,7 @@ def _embedding_parameters(model: Any) -> int:
     return sum(p.numel() for p in embeddings.parameters()) if embeddings is not None else 0
 
 
-def estimate(
-    model: Any,
-    config: Any,
-    dtype: str,
-    *,
-    quantizer: Any = None,
-    quantization: str | None = None,
-    generative: bool = True,
-) -> Estimate:
+def estimate(model: Any, dtype: str, *, quantizer: Any = None, quantization: str | None = None) -> Estimate:
     """The estimate for a meta-device ``model`` built in ``dtype`` (``quantizer``: transformers' sizes per weight)."""
     # lazy: import nbhw and %load_ext nbhw stay free of accelerate
     from accelerate.utils.modeling import get_max_layer_size
@@ -196,7 +173,6 @@ def estimate(
     top = list(model.named_parameters(recurse=False)) + list(model.named_children())
     top += list(model.named_buffers(recurse=False))
     largest, names = get_max_layer_size(top, sizes, no_split)
-    kv, kv_note = kv_layers(config, dtype) if generative else ([], "no KV cache: not a generative model")
     training, precision = training_usage(parameters, dtype)
     return Estimate(
         dtype=dtype,
@@ -206,8 +182,6 @@ def estimate(
         buffer_bytes=buffers,
         largest_layer_bytes=int(largest),
         largest_layer=list(names),
-        kv_layers=kv,
-        kv_note=kv_note,
         training=training,
         training_precision=precision,
         quantization=quantization,

@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from huggingface_hub import constants, scan_cache_dir
 
-from nbhw.core.advice import quantization
+from nbhw.core.advice import precision, quantization
 from nbhw.core.advice.attention import AttentionAdvice, advise
-from nbhw.core.advice.attention_rules import device_types
+from nbhw.core.advice.attention_rules import catalog_target, device_types, parse_device
 from nbhw.core.advice.quantization_methods import BITSANDBYTES_WORDS
 from nbhw.core.advice.status import Status
 from nbhw.core.argument import Argument
+from nbhw.core.cache import Recent
 from nbhw.core.dtypes import OFFERED
 from nbhw.core.errors import UserError
 from nbhw.core.hardware.detect import Hardware, detect
@@ -30,9 +33,10 @@ from nbhw.core.hardware.targets import Target, catalog, target_of
 from nbhw.core.hardware.who_picks import from_pretrained_default
 from nbhw.core.hf import meta_build
 from nbhw.core.hf.tiny_model import tiny_model_path
+from nbhw.core.plan import run
 from nbhw.core.plan.arguments import NO_DEVICE_MAP, PLAN_ARGUMENTS, strategy_names
 from nbhw.core.plan.load_plan import LoadPlan, plan
-from nbhw.core.plan.placement import device_name, layer_names, live_memory
+from nbhw.core.plan.placement import DeviceShare, Placement, device_name, layer_names, live_memory
 
 # The declared arguments the Load tab shows a control for, by name.
 CONTROLS: dict[str, Argument] = {a.name: a for a in PLAN_ARGUMENTS if a.control is not None}
@@ -170,22 +174,61 @@ class Unit:
     layer: bool
 
 
-@dataclass
 class Preview:
-    """What a form gives: the cell's code and the plan's findings, or the message saying which entry is wrong."""
+    """What a form gives: the cell's code and the plan's findings, or the message saying which entry is wrong.
 
-    form: Form
-    code: str = ""
-    error: str | None = None
-    problems: list[str] = field(default_factory=list)
-    verdict: str = ""
-    units: list[Unit] = field(default_factory=list)
-    plan: LoadPlan | None = None
+    The code is made at once; the findings are computed on first use, quickest first, so the Load tab shows each as
+    it comes: ``problems`` (the dry run of from_pretrained's checks), ``weight_verdict`` and ``units`` (the weights'
+    placement), then ``verdict`` and ``devices`` (the run at batch x context, one dry run of generate()).
+    """
+
+    def __init__(self, form: Form, code: str = "", error: str | None = None, plan: LoadPlan | None = None) -> None:
+        self.form = form
+        self.code = code
+        self.error = error
+        self.plan = plan
 
     @property
     def ok(self) -> bool:
         """Whether the form made a plan (problems may remain: they are the dry run's findings)."""
         return self.error is None
+
+    @cached_property
+    def problems(self) -> list[str]:
+        """What transformers would refuse, one line each."""
+        return self.plan.check() if self.plan is not None else []
+
+    @cached_property
+    def weight_verdict(self) -> str:
+        """Where the weights go (no dry run of the run yet)."""
+        placement = self._placement(run=False)
+        return placement.verdict if placement is not None else ""
+
+    @cached_property
+    def units(self) -> list[Unit]:
+        """The weights' placement as blocks in model order."""
+        if self._placement(run=False) is None:
+            return []
+        with meta_build.quiet():
+            return units(self.plan) if self.plan is not None else []
+
+    @cached_property
+    def verdict(self) -> str:
+        """The verdict that counts the run (fits, fits up to N tokens, offloads, does not fit)."""
+        placement = self._placement(run=True)
+        return placement.verdict if placement is not None else ""
+
+    @cached_property
+    def devices(self) -> list[DeviceShare]:
+        """Each device's weights, cache, activations and reserve against its budget."""
+        placement = self._placement(run=True)
+        return list(placement.devices) if placement is not None else []
+
+    def _placement(self, *, run: bool) -> Placement | None:
+        plan = self.plan
+        if plan is None or not plan.config.available:
+            return None
+        return plan.placement if run else plan.weight_placement
 
 
 # ---------------------------------------------------------------- the model
@@ -297,12 +340,16 @@ def _attention_options(hardware: Hardware, advice: AttentionAdvice) -> tuple[lis
     return options, ""
 
 
+def dtype_options(advised: str) -> list[Option]:
+    """The dtype dropdown: every dtype offered, the advised one marked."""
+    return [Option(d, f"{d} (advised)" if d == advised else d) for d in OFFERED]
+
+
 def _dtype_options(hardware: Hardware, advice: AttentionAdvice) -> tuple[list[Option], str]:
     advised = advice.precision.dtype
-    options = [Option(d, f"{d} (advised)" if d == advised else d) for d in OFFERED]
     found = target_of(advice.target)
     where = f"the {found.accelerator.name} ({advice.device})" if found is not None else advice.device
-    return options, f"advised for {where}: {advised} — {advice.precision.reason}"
+    return dtype_options(advised), f"advised for {where}: {advised} — {advice.precision.reason}"
 
 
 def _target_label(target: Target) -> str:
@@ -402,7 +449,7 @@ def units(plan: LoadPlan) -> list[Unit]:
     """The placement as blocks in model order: each decoder layer, and each other module holding weights."""
     from transformers.integrations.accelerate import compute_module_sizes  # transformers: only once a plan exists
 
-    model, placement = plan.meta_model, plan.placement
+    model, placement = plan.meta_model, plan.weight_placement
     if model is None or placement is None or not placement.device_map:
         return []
     sizes, _ = compute_module_sizes(model, plan.quantizer, only_modules=False)
@@ -431,15 +478,50 @@ def _device_of(module: str, device_map: dict[str, int | str]) -> int | str:
 
 
 def preview(form: Form) -> Preview:
-    """The code and findings of a form; a Preview holding a one-line message when an entry is a mistake."""
+    """The code of a form, and its findings on first use; a Preview holding a one-line message when an entry is a
+    mistake."""
     try:
         plan = make_plan(form)
         code = plan.code.rstrip("\n")
-        problems = plan.check()
-        placement = plan.placement if plan.config.available else None
-        with meta_build.quiet():
-            blocks = units(plan) if placement is not None else []
     except UserError as exc:
         return Preview(form, error=str(exc))
-    verdict = placement.verdict if placement is not None else ""
-    return Preview(form, code=code, problems=problems, verdict=verdict, units=blocks, plan=plan)
+    return Preview(form, code=code, plan=plan)
+
+
+def size_notes(plan: LoadPlan) -> dict[str, str]:
+    """The notes beside the run's size controls: what each means for this model, and its default."""
+    limit = plan.context_limit
+    most = f"; this model takes at most {limit:,}" if limit and limit < run.NO_LIMIT else ""
+    default = f" (default {plan.context:,})" if plan.args.context is None else ""
+    notes = {
+        "context": f"tokens per sequence, prompt + generated: 4096, 32k, 128k{default}{most}",
+        "batch": "sequences generated together (default 1)",
+    }
+    model = plan.meta_model
+    if not plan.config.available or not getattr(plan.config.config, "is_encoder_decoder", False):
+        notes["encoder_length"] = "encoder-decoder models only (T5, Whisper): not used by this model"
+    elif model is not None and run.fixed_encoder_length(model) is not None:
+        notes["encoder_length"] = f"fixed for this encoder: {run.fixed_encoder_length(model):,} positions"
+    else:
+        notes["encoder_length"] = "tokens the encoder reads (default: the context)"
+    return notes
+
+
+_detected: Recent[Hardware] = Recent(1)
+HARDWARE_SECONDS = 2.0  # the Devices tab has just read it: the dtype advice needs no second reading that soon
+
+
+def quick_dtype(form: Form) -> str | None:
+    """The advised dtype for the device the form's device_map names, from the precision advice alone (no attention
+    rows: the code can show before the choices are known); None when the device can't be read. A catalog target's
+    is its own (a T4: float16), from the catalog alone."""
+    try:
+        found = target_of(form.target)
+        if found is not None:
+            target = catalog_target(found)
+        else:
+            hardware = _detected.get(int(time.monotonic() / HARDWARE_SECONDS), detect)
+            target = parse_device(target_device(form.device_map, hardware), hardware)
+    except UserError:
+        return None
+    return precision.advise(target.device, target.device_type, target.info, target.count).dtype

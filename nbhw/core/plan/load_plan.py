@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import re
+from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -22,12 +23,13 @@ from nbhw.core.hardware.targets import Target, target_of
 from nbhw.core.hardware.who_picks import from_pretrained_default
 from nbhw.core.hf import meta_build, model_config
 from nbhw.core.hf.tiny_model import tiny_model_path
-from nbhw.core.plan import codegen, estimate, for_target
+from nbhw.core.plan import codegen, estimate, for_target, run, run_plan, run_view
 from nbhw.core.plan.arguments import DISK, PLAN_ARGUMENTS, PlanArgs, plan_args
 from nbhw.core.plan.estimate import Estimate
 from nbhw.core.plan.placement import LiveMemory, Placement, live_memory, place
 from nbhw.core.plan.preflight import warnings as preflight_warnings
 from nbhw.core.plan.quantized_sizes import PlanningQuantizer
+from nbhw.core.plan.run import Fit, LoadPeak, Reserve
 from nbhw.core.render import Shown
 
 BUILD_CACHE_SIZE = 6
@@ -40,11 +42,10 @@ def _config_key(config: Any) -> str:
 
 
 def cached_build(config: Any, auto_name: str, dtype: str, attn: str | None) -> meta_build.MetaBuild:
-    """A meta build, shared by every plan with the same config, class, dtype and attention (the model is read-only)."""
+    """A meta build with the dtype plan from_pretrained applies, shared by every plan with the same config, class,
+    dtype and attention (the model is read-only; its dry runs are remembered with it)."""
     key = (_config_key(config), auto_name, dtype, attn)
-    return _BUILDS.get(
-        key, lambda: meta_build.build(config, dtype=dtype, attn_implementation=attn, auto_name=auto_name)
-    )
+    return _BUILDS.get(key, lambda: run.build(config, dtype=dtype, auto_name=auto_name, attn_implementation=attn))
 
 
 def clear_cache() -> None:
@@ -143,9 +144,38 @@ class LoadPlan(Shown):
         return target_of(self.args.target)
 
     @cached_property
-    def _rows(self) -> list[BackendStatus]:
-        # A target's rows are the ones detection would give on it: its memory is the budget (see for_target).
+    def rows(self) -> list[BackendStatus]:
+        """Every backend row as nbhw's probes see it now (no device is touched); for a catalog target, the rows
+        detection would give on it: its memory is the budget (see for_target)."""
         return self.target.rows() if self.target is not None else backends.probe_all()
+
+    @cached_property
+    def checkpoint_dtype(self) -> str:
+        """The dtype the checkpoint stores: the config's, else the weights' header, else float32."""
+        return self.config_dtype or weights_dtype(self.model, self.config.source) or "float32"
+
+    # ------------------------------------------------------------ the run's size
+
+    @cached_property
+    def context_limit(self) -> int | None:
+        """The most tokens per sequence the model's config allows (its maximum positions); None without a config."""
+        return run.context_limit(self.config.config) if self.config.available else None
+
+    @cached_property
+    def context(self) -> int:
+        """Tokens per sequence the run is planned for (prompt + generated): yours, else 4,096 or the model's maximum
+        when smaller."""
+        return self.args.context or run_plan.default_context(self.context_limit)
+
+    @property
+    def batch(self) -> int:
+        """Sequences generated together."""
+        return self.args.batch
+
+    @cached_property
+    def run_target(self) -> str:
+        """Whose attention kernels size the run: "cpu" (torch's own choice) or "cuda" (for every accelerator)."""
+        return run_plan.target(self)
 
     @cached_property
     def default_device(self) -> str:
@@ -204,42 +234,121 @@ class LoadPlan(Shown):
     # ------------------------------------------------------------ estimate and placement
 
     @cached_property
-    def estimate(self) -> Estimate | None:
-        """Parameters, bytes, largest layer, KV cache per 1,000 tokens, training; None without a config."""
+    def weight_estimate(self) -> Estimate | None:
+        """Parameters, bytes, largest layer and training, without the run (no dry run: quick); None without a config."""
         model = self.meta_model
         if model is None:
             return None
         with meta_build.quiet():
-            result = estimate.estimate(
-                model,
-                self.config.config,
-                self.dtype,
-                quantizer=self.quantizer,
-                quantization=self.args.quantization,
-                generative=self.auto_class in meta_build.GENERATIVE,
-            )
+            result = estimate.estimate(model, self.dtype, quantizer=self.quantizer, quantization=self.args.quantization)
         method: Any = getattr(self.config.config, "quantization_config", None)
         if method is not None and self.args.quantization is None:
             method = method.get("quant_method") if isinstance(method, dict) else getattr(method, "quant_method", "?")
             result.notes.append(f"this checkpoint is pre-quantized ({method}): sizes are of the unquantized weights")
+        if self.args.quantization is not None:
+            result.notes.append(
+                "bitsandbytes dequantizes each weight to the compute dtype for its matmul: that transient is not in "
+                "the dry run (it runs the unquantized model and counts the weights at their quantized size)"
+            )
         return result
+
+    @cached_property
+    def estimate(self) -> Estimate | None:
+        """The weights and the run at ``batch x context``: cache after the prefill and while decoding, fixed state,
+        activations, the run's peak, the framework's reserve and the host's peak while loading (one dry run)."""
+        weights = self.weight_estimate
+        if weights is None:
+            return None
+        outcome, placement = self.dry_run, self.weight_placement
+        peak = self.load_peak
+        cache_at = self._cache_at
+        if outcome.run is None or placement is None:
+            return replace(weights, context=self.context, batch=self.batch, run_problem=outcome.problem,
+                           load_peak=peak, cache_at=cache_at)  # fmt: skip
+        placed = sum(s.bytes for s in placement.devices)
+        held = sum(r.bytes for r in self.reserves.values())
+        return weights.with_run(outcome.run, weight_bytes=placed, reserve_bytes=held, load_peak=peak, cache_at=cache_at)
+
+    def _cache_at(self, tokens: int) -> int | None:
+        """The cache of one sequence of ``tokens`` tokens (a dry run at that length on one device)."""
+        model = self.meta_model
+        if model is None:
+            return None
+        try:
+            return run.run_estimate(model, batch=1, context=max(tokens, 2), target=self.run_target).cache_decode_bytes
+        except run.DryRunError:
+            return None
 
     @cached_property
     def live(self) -> LiveMemory:
         """The free memory device_map="auto" would fill here, read now (a target's: its catalog memory)."""
-        found = live_memory(self._rows)
+        found = live_memory(self.rows)
         if self.target is not None:
             found.source = f"the {self.target.label}'s memory (nbhw's catalog)"
         return found
 
     @cached_property
-    def placement(self) -> Placement | None:
-        """The device_map transformers would compute, per device, with a verdict; None without a config."""
+    def weight_placement(self) -> Placement | None:
+        """The device_map transformers would compute, per device, with a weights-only verdict (no dry run)."""
         model = self.meta_model
         if model is None:
             return None
         found = place(model, self.args, quantizer=self.quantizer, default_device=self.default_device, live=self.live)
         return for_target.unlisted_budgets(found, self.target) if self.target is not None else found
+
+    @cached_property
+    def placement(self) -> Placement | None:
+        """The device_map transformers would compute; per device the weights, cache, activations and reserve of the
+        run against the device's budget, and a verdict that counts the run; None without a config."""
+        return run_plan.with_run(self)
+
+    @cached_property
+    def dry_run(self) -> run_plan.Outcome:
+        """The dry run of generate() at the plan's batch and context on its placement, or why there is none."""
+        with meta_build.quiet():
+            return run_plan.dry_run(self)
+
+    @property
+    def run(self) -> run.RunEstimate | None:
+        """The dry run's own figures (per device in ``.devices``); None when it could not answer."""
+        return self.dry_run.run
+
+    @cached_property
+    def reserves(self) -> dict[int | str, Reserve]:
+        """Per device the run uses, what the framework holds outside tensors: a stated figure and its source."""
+        labels = list(self.run.devices) if self.run is not None else []
+        found = run_plan.reserves(self, labels)
+        return {k if isinstance(k, int | str) else str(k): v for k, v in found.items()}
+
+    @cached_property
+    def context_fit(self) -> Fit | None:
+        """The search behind ``max_context`` (how many dry runs, which method)."""
+        with meta_build.quiet():
+            return run_plan.context_fit(self)
+
+    @cached_property
+    def batch_fit(self) -> Fit | None:
+        """The search behind ``max_batch``."""
+        with meta_build.quiet():
+            return run_plan.batch_fit(self)
+
+    @property
+    def max_context(self) -> int | None:
+        """Tokens per sequence (prompt + generated) that fit at this batch on this placement, up to the model's
+        maximum; 0 when not even the shortest run fits; None when the dry run can't answer."""
+        fit = self.context_fit
+        return None if fit is None else fit.value
+
+    @property
+    def max_batch(self) -> int | None:
+        """Sequences of this context that fit together on this placement (searched up to 4,096)."""
+        fit = self.batch_fit
+        return None if fit is None else fit.value
+
+    @cached_property
+    def load_peak(self) -> LoadPeak | None:
+        """The host's peak while from_pretrained reads the checkpoint (a dtype cast keeps a private copy)."""
+        return run_plan.load_peak(self)
 
     # ------------------------------------------------------------ dry run
 
@@ -257,7 +366,7 @@ class LoadPlan(Shown):
         if build is not None and not build.ok:
             problems.append(f"transformers refuses the model build: {build.error_type}: {build.error}")
         problems += self._quantization_problems() if self.target is None else self._target_problems()
-        placement = self.placement
+        placement = self.weight_placement
         if placement is not None:
             problems += placement.problems
             problems += self.quantizer.errors if self.quantizer is not None else []
@@ -318,7 +427,7 @@ class LoadPlan(Shown):
         return []
 
     def _device_problems(self, placement: Placement) -> list[str]:
-        return presence.absent(list(placement.device_map.values()), self._rows, self.live.accelerator)
+        return presence.absent(list(placement.device_map.values()), self.rows, self.live.accelerator)
 
     def _flash_problems(self, placement: Placement) -> list[str]:
         impl = (self.args.attn_implementation or "").removeprefix("paged|")
@@ -353,9 +462,10 @@ class LoadPlan(Shown):
         """The plan as text for terminals (``code=False`` leaves out the cell)."""
         return plan_text(self, code=code)
 
-    def html(self, *, code: bool = True) -> str:
-        """The plan as an HTML fragment."""
-        return plan_html(self, code=code)
+    def html(self, *, code: bool = True, run: bool = True, searches: bool = True) -> str:
+        """The plan as an HTML fragment (``run=False``: the weights only, the run still to come; ``searches=False``:
+        max context and max batch still to come)."""
+        return plan_html(self, code=code, run=run, searches=searches)
 
     def view(self, *, code: bool = True) -> PlanView:
         """A displayable report of this plan (``code=False``: without the cell, e.g. when it was just emitted)."""
@@ -394,21 +504,16 @@ def plan(model: str | Path | None = None, *, offline: bool = False, **arguments:
     """
     name = str(tiny_model_path() if model is None else model)
     model_config.kind(name)  # a mistyped path or id is a UserError now, not a problem later
-    return LoadPlan(name, plan_args(**arguments), offline=offline)
+    made = LoadPlan(name, plan_args(**arguments), offline=offline)
+    if made.args.context is not None or made.args.encoder_length is not None:
+        run_plan.check_sizes(made)  # against the model's maximum positions: needs its config
+    return made
 
 
 plan.__signature__ = argument.signature(plan, PLAN_ARGUMENTS, keep=("model", "offline"))  # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------- the plan as text, HTML and plain data
-
-
-def count(n: int) -> str:
-    """A parameter count as model cards write it: 8.03B, 596.0M, 112.5K."""
-    for unit, scale, digits in (("B", 10**9, 2), ("M", 10**6, 1), ("K", 10**3, 1)):
-        if n >= scale:
-            return f"{n / scale:.{digits}f}{unit}"
-    return str(n)
 
 
 def _dtype_note(plan: LoadPlan) -> str | None:
@@ -423,8 +528,8 @@ def _dtype_note(plan: LoadPlan) -> str | None:
     return None
 
 
-def plan_notes(plan: LoadPlan) -> list[str]:
-    """Everything worth knowing that is not a problem."""
+def plan_notes(plan: LoadPlan, *, run: bool = True) -> list[str]:
+    """Everything worth knowing that is not a problem (``run=False``: not yet what the run's dry run says)."""
     out: list[str] = for_target.notes(plan.target, plan.dtype) if plan.target is not None else []
     if plan.target is not None and plan.config.available:
         out += plan._target_quantization[1]
@@ -443,15 +548,20 @@ def plan_notes(plan: LoadPlan) -> list[str]:
     if plan.args.device_map == "meta":
         out.append("device_map='meta' loads the model without weights (transformers accepts it silently)")
     if plan.args.max_memory is not None and not (
-        isinstance(plan.args.device_map, str) and plan.placement and plan.placement.strategy
+        isinstance(plan.args.device_map, str) and plan.weight_placement and plan.weight_placement.strategy
     ):
-        out.append("max_memory only changes anything with device_map auto / balanced / balanced_low_0 / sequential")
-    estimate = plan.estimate if plan.config.available else None
+        out.append(
+            "max_memory only changes what transformers does with device_map auto / balanced / balanced_low_0 / "
+            "sequential; nbhw still plans against it as each device's budget"
+        )
+    estimate = plan.weight_estimate if plan.config.available else None
     if estimate is not None:
-        out += estimate.notes + ([estimate.kv_note] if estimate.kv_note else [])
-    placement = plan.placement if plan.config.available else None
+        out += estimate.notes
+    placement = plan.weight_placement if plan.config.available else None
     if placement is not None:
         out += placement.notes
+    if plan.config.available and run:
+        out += run_view.run_notes(plan)
     out += preflight_warnings(plan)  # the hook: nbhw.doctor()'s findings this cell would hit, as warnings
     return out
 
@@ -473,35 +583,8 @@ def plan_to_dict(plan: LoadPlan) -> dict[str, Any]:
         "notes": plan_notes(plan),
         "estimate": estimate.to_dict() if estimate is not None else None,
         "placement": placement.to_dict() if placement is not None else None,
+        **(run_view.run_dict(plan) if plan.config.available else {}),
     }
-
-
-def _estimate_rows(e: Estimate) -> list[tuple[str, str]]:
-    kv = e.kv_cache_per_1k_tokens
-    growing = len([k for k in e.kv_layers if k.bytes_per_token])
-    quant = f", {e.quantization} weights" if e.quantization else ""
-    return [
-        ("parameters", f"{count(e.parameters)} ({count(e.non_embedding_parameters)} without the input embedding)"),
-        ("weights", f"{render.size(e.total_bytes)} in {e.dtype}{quant}"),
-        ("largest layer", f"{render.size(e.largest_layer_bytes)}  {', '.join(e.largest_layer[:3])}"),
-        ("KV cache", "N/A" if kv is None else f"{render.size(kv)} per 1,000 tokens of one sequence ({growing} layers)"),
-        (
-            "training",
-            f"{render.size(e.training_total)} for weights, gradients and Adam states together "
-            f"(largest single stage {render.size(e.training_peak)}); full fine-tuning in {e.training_precision} "
-            "mixed precision, batch size 1, activations not included (accelerate's figures)",
-        ),
-    ]
-
-
-def _share_rows(p: Placement) -> list[list[str]]:
-    rows = []
-    for share in p.devices:
-        more = f" … +{len(share.names) - 2}" if len(share.names) > 2 else ""
-        budget = render.size(share.budget) if share.budget is not None else ""
-        layers = str(share.layers) if share.layers else ""
-        rows.append([share.device, layers, render.size(share.bytes), budget, ", ".join(share.names[:2]) + more])
-    return rows
 
 
 def _placement_title(plan: LoadPlan, p: Placement) -> str:
@@ -509,9 +592,6 @@ def _placement_title(plan: LoadPlan, p: Placement) -> str:
     if plan.args.device_map is None:
         how = "no device_map"
     return f"{how}, against {p.budget_source}"
-
-
-SHARE_HEADERS = ("device", "layers", "weights", "budget", "device_map entries")
 
 
 def _problems_title(problems: list[str], target: Target | None = None) -> str:
@@ -537,21 +617,22 @@ def plan_text(plan: LoadPlan, *, code: bool = True) -> str:
     lines += [_problems_title(problems, plan.target), *(f"  - {p}" for p in problems), ""]
     estimate = plan.estimate if plan.config.available else None
     if estimate is not None:
-        rows = _estimate_rows(estimate)
+        rows = run_view.estimate_rows(plan, estimate)
         width = max(len(k) for k, _ in rows)
-        lines += ["Estimate", *(f"  {k.ljust(width)}  {v}" for k, v in rows), ""]
+        lines += [run_view.run_title(plan), *(f"  {k.ljust(width)}  {v}" for k, v in rows), ""]
     placement = plan.placement if plan.config.available else None
     if placement is not None:
         lines += [f"Placement: {placement.verdict}", f"  {_placement_title(plan, placement)}"]
-        lines += [render.text_table(SHARE_HEADERS, _share_rows(placement), indent="  "), ""]
+        table = render.text_table(run_view.share_headers(placement), run_view.share_rows(placement), indent="  ")
+        lines += [table, ""]
     extra = plan_notes(plan)
     if extra:
         lines += ["Notes", *(f"  - {n}" for n in extra)]
     return "\n".join(lines).rstrip() + "\n"
 
 
-def plan_html(plan: LoadPlan, *, code: bool = True) -> str:
-    """The plan as an HTML fragment (every value escaped)."""
+def plan_html(plan: LoadPlan, *, code: bool = True, run: bool = True, searches: bool = True) -> str:
+    """The plan as an HTML fragment (every value escaped); without the run, the weights and what is coming."""
     esc = render.esc
     parts = [f'<div class="nbhw-plan"><p><b>{esc(_header(plan))}</b></p>']
     if code:
@@ -561,16 +642,15 @@ def plan_html(plan: LoadPlan, *, code: bool = True) -> str:
     parts.append(
         f"<p><b>{esc(_problems_title(problems, plan.target))}</b></p>" + (f"<ul>{items}</ul>" if items else "")
     )
-    estimate = plan.estimate if plan.config.available else None
+    estimate = (plan.estimate if run else plan.weight_estimate) if plan.config.available else None
     if estimate is not None:
-        parts.append(
-            "<p><b>Estimate</b></p>" + render.html_table(("", ""), [list(r) for r in _estimate_rows(estimate)])
-        )
-    placement = plan.placement if plan.config.available else None
+        rows = [list(r) for r in run_view.estimate_rows(plan, estimate, run=run, searches=searches)]
+        parts.append(f"<p><b>{esc(run_view.run_title(plan, run=run))}</b></p>" + render.html_table(("", ""), rows))
+    placement = (plan.placement if run else plan.weight_placement) if plan.config.available else None
     if placement is not None:
         parts.append(f"<p><b>Placement: {esc(placement.verdict)}</b><br>{esc(_placement_title(plan, placement))}</p>")
-        parts.append(render.html_table(SHARE_HEADERS, _share_rows(placement)))
-    extra = plan_notes(plan)
+        parts.append(render.html_table(run_view.share_headers(placement), run_view.share_rows(placement)))
+    extra = plan_notes(plan, run=run)
     if extra:
         parts.append("<p><b>Notes</b></p><ul>" + "".join(f"<li>{esc(n)}</li>" for n in extra) + "</ul>")
     parts.append("</div>")

@@ -27,7 +27,12 @@ _patch_lock = threading.Lock()
 
 @dataclass
 class DeviceShare:
-    """What one device gets: the device_map entries placed there and their bytes, against its budget."""
+    """What one device gets: the device_map entries placed there and their bytes, against its budget.
+
+    ``bytes`` are the weights; the run's figures (``cache_bytes``, ``activation_bytes``, ``reserve_bytes`` and
+    ``peak_bytes``, the weights, cache and activations at the device's worst moment) are None until the plan's dry
+    run fills them in (``plan.placement`` always has; the Load tab shows the weights first).
+    """
 
     device: str
     key: int | str
@@ -36,6 +41,30 @@ class DeviceShare:
     budget: int | None = None
     layers: int = 0
     names: list[str] = field(default_factory=list)
+    cache_bytes: int | None = None
+    activation_bytes: int | None = None
+    reserve_bytes: int | None = None
+    peak_bytes: int | None = None
+
+    @property
+    def needed_bytes(self) -> int | None:
+        """The run's peak on this device and the framework's reserve: what its budget must hold."""
+        return None if self.peak_bytes is None else self.peak_bytes + (self.reserve_bytes or 0)
+
+    @property
+    def over_bytes(self) -> int | None:
+        """How far the run goes past this device's budget (negative: room left); None when either is unknown."""
+        needed = self.needed_bytes
+        return None if needed is None or self.budget is None else needed - self.budget
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data."""
+        return {
+            "device": self.device, "key": self.key, "modules": self.modules, "bytes": self.bytes,
+            "budget": self.budget, "layers": self.layers, "cache_bytes": self.cache_bytes,
+            "activation_bytes": self.activation_bytes, "reserve_bytes": self.reserve_bytes,
+            "peak_bytes": self.peak_bytes, "needed_bytes": self.needed_bytes,
+        }  # fmt: skip
 
 
 @dataclass
@@ -61,6 +90,7 @@ class Placement:
     kind: str
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    run_kind: str | None = None  # fits, fits_shorter, does_not_fit, not_covered; None: weights only
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data."""
@@ -69,12 +99,10 @@ class Placement:
             "strategy": self.strategy,
             "budget_source": self.budget_source,
             "budget": {str(k): v for k, v in (self.budget or {}).items()} or None,
-            "devices": [
-                {"device": d.device, "key": d.key, "modules": d.modules, "bytes": d.bytes, "budget": d.budget}
-                for d in self.devices
-            ],
+            "devices": [d.to_dict() for d in self.devices],
             "verdict": self.verdict,
             "kind": self.kind,
+            "run_kind": self.run_kind,
             "problems": list(self.problems),
             "notes": list(self.notes),
         }
@@ -189,7 +217,8 @@ def _shares(
     return list(shares.values()), len(layers)
 
 
-def _is_accelerator(key: int | str) -> bool:
+def is_accelerator(key: int | str) -> bool:
+    """Whether a device_map value runs layers (an accelerator), rather than holding them (cpu, disk, meta)."""
     return isinstance(key, int) or str(key) not in {"cpu", DISK, "meta"}
 
 
@@ -204,10 +233,10 @@ def verdict(shares: list[DeviceShare], budget: dict[int | str, int] | None, tota
     """One line a person reads first, and its kind: one_device, split, cpu_offload, disk (too_big, none: see place)."""
     used = [s for s in shares if s.bytes or s.modules]
     on = {s.key: s for s in used}
-    accelerators = [s for s in used if _is_accelerator(s.key)]
+    accelerators = [s for s in used if is_accelerator(s.key)]
     if DISK in on:
         return f"needs disk: offloads {_what(on[DISK], total_layers)} to disk (very slow)", "disk"
-    budgeted = [k for k, v in (budget or {}).items() if _is_accelerator(k) and v > 0]
+    budgeted = [k for k, v in (budget or {}).items() if is_accelerator(k) and v > 0]
     if "cpu" in on and (accelerators or budgeted):
         return f"offloads {_what(on['cpu'], total_layers)} to CPU (slow)", "cpu_offload"
     if len(used) == 1:
@@ -215,7 +244,7 @@ def verdict(shares: list[DeviceShare], budget: dict[int | str, int] | None, tota
     return f"split across {len(used)} devices ({', '.join(s.device for s in used)})", "split"
 
 
-def _budget_key(key: int | str, accelerator: str | None) -> int | str:
+def budget_key(key: int | str, accelerator: str | None) -> int | str:
     """'cuda:1' -> 1 when cuda is the accelerator bare indices mean, as accelerate keys its budget."""
     if isinstance(key, str) and accelerator and key.split(":")[0] == accelerator:
         return int(key.partition(":")[2] or 0)
@@ -226,8 +255,8 @@ def _too_big(shares: list[DeviceShare], budget: dict[int | str, int] | None, acc
     """Accelerators given more weights than their budget (an explicit device_map is not checked by transformers)."""
     over = []
     for share in shares:
-        share.budget = (budget or {}).get(_budget_key(share.key, accelerator))
-        if share.budget is not None and share.bytes > share.budget and _is_accelerator(share.key):
+        share.budget = (budget or {}).get(budget_key(share.key, accelerator))
+        if share.budget is not None and share.bytes > share.budget and is_accelerator(share.key):
             over.append(
                 f"{share.device} needs {render.size(share.bytes)} for the weights, {render.size(share.budget)} free"
             )

@@ -30,7 +30,7 @@ def _quantization(plan: Any) -> str | None:
 
 
 def _devices(plan: Any) -> list[str]:
-    placement = plan.placement if plan.config.available else None
+    placement = plan.weight_placement if plan.config.available else None  # the devices only: no dry run
     found = [share.device for share in placement.devices] if placement is not None else []
     device_map = plan.args.device_map
     if isinstance(device_map, str) and ":" in device_map:

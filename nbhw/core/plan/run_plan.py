@@ -1,0 +1,318 @@
+"""The run of one load plan: its context, the dry run on its placement, the reserves, and the verdict that counts it.
+
+:class:`~nbhw.core.plan.load_plan.LoadPlan` asks these functions for what generating at ``batch x context`` needs
+on the placement transformers computes: :func:`dry_run` (one dry run of :mod:`nbhw.core.plan.run`, each allocation
+counted on the device its module runs on), :func:`reserves` (what each backend holds outside tensors),
+:func:`with_run` (the placement's devices with weights / cache / activations / reserve against their budgets and a
+verdict), :func:`context_fit` / :func:`batch_fit` (the largest context and batch that fit) and :func:`load_peak`
+(the host while the checkpoint is read). Every function takes the plan and reads only its public properties.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Hashable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from nbhw.core import render
+from nbhw.core.errors import UserError
+from nbhw.core.hardware.presence import device_type
+from nbhw.core.hf import dryrun, model_config
+from nbhw.core.plan import run
+from nbhw.core.plan.arguments import DEFAULT_CONTEXT, DISK
+from nbhw.core.plan.placement import DeviceShare, Placement, budget_key, device_name, is_accelerator
+from nbhw.core.plan.run import Fit, LoadPeak, Reserve, RunEstimate
+
+BATCH_LIMIT = 4096
+
+
+def default_context(limit: int | None) -> int:
+    """4,096 tokens, or the model's maximum when it is smaller."""
+    return min(DEFAULT_CONTEXT, limit) if limit else DEFAULT_CONTEXT
+
+
+def check_sizes(plan: Any) -> None:
+    """The checks of context and encoder_length that need the model's config; a one-line UserError each."""
+    if not plan.config.available:
+        return
+    config = plan.config.config
+    context = plan.args.context
+    limit = run.context_limit(config)
+    if context is not None and context > limit:
+        field = run.context_limit_name(config) or "its config"
+        raise UserError(
+            f"context {context:,} is more than {plan.model} takes: at most {limit:,} tokens ({field}); "
+            f"valid: 2 to {limit:,}"
+        )
+    length = plan.args.encoder_length
+    if length is None:
+        return
+    if not getattr(config, "is_encoder_decoder", False):
+        raise UserError(
+            f"encoder_length is for encoder-decoder models (T5, Whisper); {plan.model} is decoder-only: "
+            "its context is --context"
+        )
+    fixed = run.fixed_encoder_length(plan.meta_model) if plan.meta_model is not None else None
+    if fixed is not None and length != fixed:
+        raise UserError(f"encoder_length {length:,}: this encoder takes exactly {fixed:,} positions; valid: {fixed:,}")
+
+
+# ---------------------------------------------------------------- where the run runs
+
+
+def backend_of(label: Hashable, plan: Any) -> str:
+    """The backend a device_map value means here: cuda, rocm, mps, xpu, cpu, disk (a bare index with no
+    accelerator here: cuda, the accelerator plans for other hardware usually mean)."""
+    if label in ("cpu", DISK, "meta"):
+        return str(label)
+    kind = device_type(label if isinstance(label, int | str) else str(label), plan.live.accelerator)
+    if kind in (None, "cuda"):
+        rocm = any(row.key == "rocm" and row.usable for row in plan.rows)
+        return "rocm" if rocm else "cuda"
+    return str(kind)
+
+
+def target(plan: Any) -> str:
+    """Whose attention kernels size the run: the CPU's (torch asked) or CUDA's rules for every accelerator."""
+    placement = plan.weight_placement
+    main = dryrun.execution_device(placement.device_map) if placement and placement.device_map else "cpu"
+    return "cpu" if backend_of(main, plan) == "cpu" else "cuda"
+
+
+def _device_info(label: Hashable, plan: Any) -> Any:
+    if not isinstance(label, int):
+        return None
+    for row in plan.rows:
+        if row.usable and row.device == plan.live.accelerator:
+            return next((d for d in row.devices if d.index == label), None)
+    return None
+
+
+def _capability(info: Any) -> tuple[int, int] | None:
+    text = getattr(info, "compute_capability", None)
+    if not text or "." not in str(text):
+        return None
+    major, _, minor = str(text).partition(".")
+    return (int(major), int(minor)) if major.isdigit() and minor.isdigit() else None
+
+
+def _cuda_context_exists() -> bool:
+    torch = sys.modules.get("torch")  # never imported here for this: it is a question about this process
+    return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized())
+
+
+def reserve(label: Hashable, plan: Any) -> Reserve | None:
+    """What the framework holds on one device outside tensors; None for disk (nothing runs there)."""
+    backend = backend_of(label, plan)
+    # Free memory read now counts what this process already holds; a catalog target's memory is the whole device's.
+    live_budget = plan.args.max_memory is None and plan.target is None
+    if backend in (DISK, "meta"):
+        return None
+    if backend == "cpu":
+        if live_budget:
+            return Reserve("cpu", 0, "already in use: this process's imports count in the free memory read now", "")
+        return run.framework_reserve("cpu")
+    override = plan.args.reserve_bytes
+    if override is None and live_budget and backend in ("cuda", "rocm") and _cuda_context_exists():
+        return Reserve(backend, 0, "this process's CUDA context exists: the free memory read now counts it", "")
+    info = _device_info(label, plan)
+    total = getattr(info, "total_memory", None)
+    return run.framework_reserve(backend, capability=_capability(info), total_memory=total, override=override)
+
+
+def reserves(plan: Any, labels: list[Hashable]) -> dict[Hashable, Reserve]:
+    """The reserve of every device the run uses."""
+    found = {label: reserve(label, plan) for label in labels}
+    return {k: v for k, v in found.items() if v is not None}
+
+
+# ---------------------------------------------------------------- the dry run
+
+
+@dataclass
+class Outcome:
+    """The plan's dry run, or why there is none."""
+
+    run: RunEstimate | None
+    problem: str | None = None
+
+
+def dry_run(plan: Any) -> Outcome:
+    """generate()'s prefill and one decode step at the plan's batch and context, on its placement (meta device)."""
+    model, placement = plan.meta_model, plan.weight_placement
+    if model is None:
+        return Outcome(None, "no meta model to run (the config is not available or transformers refused it)")
+    if placement is None or not placement.device_map:
+        return Outcome(None, "no placement to run on (transformers could not place the model)")
+    try:
+        found = run.run_estimate(
+            model, batch=plan.batch, context=plan.context, encoder_tokens=plan.args.encoder_length,
+            target=plan.run_target, device_map=dict(placement.device_map),
+        )  # fmt: skip
+    except run.DryRunError as exc:
+        return Outcome(None, str(exc))
+    return Outcome(found)
+
+
+def _share_of(placement: Placement, label: Hashable, plan: Any) -> DeviceShare:
+    for share in placement.devices:
+        if share.key == label:
+            return share
+    budget = (placement.budget or {}).get(budget_key(label, plan.live.accelerator))  # type: ignore[arg-type]
+    key = label if isinstance(label, int | str) else str(label)
+    return DeviceShare(device_name(key, plan.live.accelerator), key, 0, 0, budget)
+
+
+def limits(plan: Any, outcome: RunEstimate) -> dict[Hashable, int]:
+    """Per device, the bytes the dry run's tensors may reach: its budget less its reserve and less what the placed
+    weights take beyond the dry run's (quantized weights are placed at their quantized size)."""
+    placement = plan.weight_placement
+    found: dict[Hashable, int] = {}
+    for label, measured in outcome.devices.items():
+        share = _share_of(placement, label, plan)
+        if share.budget is None or label == DISK:
+            continue
+        held = plan.reserves.get(label)
+        found[label] = share.budget - (held.bytes if held else 0) - (share.bytes - measured.weight_bytes)
+    return found
+
+
+def with_run(plan: Any) -> Placement | None:
+    """The weight placement with each device's run figures and the verdict that counts the run."""
+    placement: Placement | None = plan.weight_placement
+    outcome: Outcome = plan.dry_run
+    if placement is None or placement.kind in ("none", "too_big"):
+        return placement
+    if outcome.run is None:
+        verdict = f"weights only: {_where(placement)}; the run is not covered (see the estimate)"
+        return replace(placement, verdict=verdict, run_kind="not_covered")
+    shares = [_filled(_share_of(placement, label, plan), m, plan) for label, m in outcome.run.devices.items()]
+    shares += [s for s in placement.devices if s.key not in outcome.run.devices]
+    order = {s.key: i for i, s in enumerate(placement.devices)}
+    shares.sort(key=lambda s: order.get(s.key, -1))
+    over = [s for s in shares if s.over_bytes is not None and s.over_bytes > 0]
+    text, kind = _run_verdict(plan, placement, over)
+    return replace(placement, devices=shares, verdict=text, run_kind=kind)
+
+
+def _filled(share: DeviceShare, measured: run.DeviceRun, plan: Any) -> DeviceShare:
+    held = plan.reserves.get(share.key)
+    weights = share.bytes  # as placed: the quantizer's size where there is one
+    return replace(
+        share,
+        cache_bytes=measured.held_cache_bytes,
+        activation_bytes=measured.activation_bytes,
+        peak_bytes=measured.peak_bytes - measured.weight_bytes + weights,
+        reserve_bytes=held.bytes if held else 0,
+    )
+
+
+def _where(placement: Placement) -> str:
+    """The weights-only words of the verdict ('fits on one device (cpu)', 'split across 2 devices (...)')."""
+    return placement.verdict
+
+
+def _short(over: list[DeviceShare]) -> str:
+    return " and ".join(f"{render.size(s.over_bytes)} more on {s.device}" for s in over)
+
+
+def _run_verdict(plan: Any, placement: Placement, over: list[DeviceShare]) -> tuple[str, str]:
+    where, tokens = _where(placement), f"{plan.context:,} tokens"
+    at = f" at batch {plan.batch}" if plan.batch > 1 else ""
+    if not over:
+        if placement.kind == "one_device":
+            return where, "fits"
+        return f"{where}: fits at {tokens}{at}", "fits"
+    fit = plan.context_fit
+    shorter = fit is not None and 2 <= fit.value < plan.context
+    if placement.kind == "one_device":
+        device = placement.verdict.removeprefix("fits on one device ")
+        if shorter:
+            return f"fits on one device {device} up to {fit.value:,} tokens{at}, not {tokens}", "fits_shorter"
+        return f"does not fit on one device {device} at {tokens}{at} (needs {_short(over)})", "does_not_fit"
+    if shorter:
+        return f"{where}: fits up to {fit.value:,} tokens{at}, not {tokens}", "fits_shorter"
+    return f"{where}: does not fit at {tokens}{at} (needs {_short(over)})", "does_not_fit"
+
+
+# ---------------------------------------------------------------- searches
+
+
+def _weights_alone_too_big(plan: Any, outcome: RunEstimate, most: int) -> Fit | None:
+    """A Fit of 0 when some device can't even hold its weights and reserve: no dry run can change that."""
+    found = limits(plan, outcome)
+    if any(found[d] < outcome.devices[d].weight_bytes for d in found):
+        return Fit(0, most, 0, "the weights and the reserve alone are over a budget")
+    return None
+
+
+def context_fit(plan: Any) -> Fit | None:
+    """The largest context (prompt + generated) that fits every device at the plan's batch; None without a run."""
+    outcome = plan.dry_run.run
+    if outcome is None or plan.weight_placement is None:
+        return None
+    too_big = _weights_alone_too_big(plan, outcome, plan.context_limit or run.NO_LIMIT)
+    if too_big is not None:
+        return too_big
+    try:
+        return run.max_context(
+            plan.meta_model, limits(plan, outcome), batch=plan.batch, target=plan.run_target, start=plan.context,
+            device_map=dict(plan.weight_placement.device_map), encoder_tokens=plan.args.encoder_length,
+        )  # fmt: skip
+    except run.DryRunError:
+        return None  # a loop over tokens at a longer context: the plan's own context is what is covered
+
+
+def batch_fit(plan: Any) -> Fit | None:
+    """The most sequences of the plan's context that fit every device together; None without a run."""
+    outcome = plan.dry_run.run
+    if outcome is None or plan.weight_placement is None:
+        return None
+    too_big = _weights_alone_too_big(plan, outcome, BATCH_LIMIT)
+    if too_big is not None:
+        return too_big
+    try:
+        return run.max_batch(
+            plan.meta_model, limits(plan, outcome), context=plan.context, target=plan.run_target,
+            device_map=dict(plan.weight_placement.device_map), encoder_tokens=plan.args.encoder_length,
+            limit=BATCH_LIMIT,
+        )  # fmt: skip
+    except run.DryRunError:
+        return None
+
+
+# ---------------------------------------------------------------- the host while loading
+
+
+def checkpoint_bytes(plan: Any) -> tuple[int, str]:
+    """The checkpoint's size: its safetensors files when they are here, else parameters x the checkpoint's dtype."""
+    files = _weight_files(plan.model, plan.config.source)
+    if files:
+        return sum(f.stat().st_size for f in files), "the checkpoint's files"
+    import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
+
+    size = getattr(torch, plan.checkpoint_dtype).itemsize
+    return plan.weight_estimate.parameters * size, f"parameters x {size} B ({plan.checkpoint_dtype})"
+
+
+def _weight_files(model: str, source: str | None) -> list[Path]:
+    if source == model_config.LOCAL:
+        return sorted(Path(model).expanduser().glob("*.safetensors"))
+    return []
+
+
+def load_peak(plan: Any) -> LoadPeak | None:
+    """The host's peak while from_pretrained reads the checkpoint, by transformers' loading path."""
+    placement = plan.weight_placement
+    if placement is None or plan.weight_estimate is None:
+        return None
+    on_cpu = sum(s.bytes for s in placement.devices if s.key == "cpu")
+    stored, _ = checkpoint_bytes(plan)
+    return run.host_load_peak(on_cpu, stored, cast=plan.dtype != plan.checkpoint_dtype)
+
+
+def accelerators(placement: Placement) -> list[DeviceShare]:
+    """The devices of a placement that run layers (not cpu or disk)."""
+    return [s for s in placement.devices if is_accelerator(s.key)]
