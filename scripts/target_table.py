@@ -2,8 +2,8 @@
 
 Run from the repository root with bitsandbytes importable, as README's table was printed:
 ``PYTHONPATH=.venv/nbhw-test-dists/bitsandbytes-0.50.2 .venv/bin/python scripts/target_table.py``
-(tests/test_target_plans.py checks that README holds exactly what it prints). Meta-device builds only: nothing is
-downloaded and no device is needed.
+(tests/test_target_plans.py checks that README holds exactly what it prints). Meta-device builds and dry runs only:
+nothing is downloaded and no device is needed.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import nbhw
 from nbhw.core.advice.quantization_methods import Loads, build_config
 from nbhw.core.advice.quantization_sizes import stated_bits
 from nbhw.core.advice.status import Status
+from nbhw.core.plan.placement import is_accelerator
 from nbhw.core.render import size
 
 TARGETS = ("T4", "A100 80GB", "H100", "MI300X", "M3 Max 128GB", "Gaudi 2")
@@ -31,7 +32,8 @@ HEADERS = (
     "capability",
     "dtype (advised)",
     "weights",
-    'device_map="auto"',
+    "run at 4,096 tokens + reserve",
+    'device_map="auto", counting the run',
     "flash 2 / 3 / 4",
     "4-bit on load",
 )
@@ -62,6 +64,16 @@ def _four_bit(target: str, dtype: str) -> str:
     return ", ".join(found) or "none"
 
 
+def _run(plan: Any) -> str:
+    """The fullest accelerator of the placement: the run's peak there plus the backend's reserve, against its budget."""
+    shares = [s for s in plan.placement.devices if is_accelerator(s.key) and s.needed_bytes is not None]
+    if not shares:
+        return "no run on the target"
+    fullest = max(shares, key=lambda s: s.needed_bytes / (s.budget or 1))
+    reserve = size(fullest.reserve_bytes or 0)
+    return f"{size(fullest.needed_bytes)} of {size(fullest.budget or 0)} on {fullest.device} ({reserve} reserve)"
+
+
 def row(target: str, model: str) -> list[str]:
     """One line of the table: the advice and the plan for ``model`` on ``target``."""
     advice = nbhw.attention(model, target=target, offline=True)
@@ -71,7 +83,7 @@ def row(target: str, model: str) -> list[str]:
         raise SystemExit(f"no plan for {target}: {plan.check()}")
     a = plan.target.accelerator
     return [
-        plan.target.label, a.compute_capability or a.arch, dtype, size(plan.estimate.total_bytes),
+        plan.target.label, a.compute_capability or a.arch, dtype, size(plan.weight_estimate.total_bytes), _run(plan),
         plan.placement.verdict, _flash(advice), _four_bit(target, dtype),
     ]  # fmt: skip
 

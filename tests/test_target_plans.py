@@ -1,5 +1,6 @@
 """For every catalog entry, the plan and the attention advice for a Llama-3-8B-sized model follow the entry's
-compute capability, dtypes and memory; README's table is what scripts/target_table.py prints."""
+compute capability, dtypes and memory, and the run (4,096 tokens) is counted against that memory with the run
+planner's reserve for the entry's backend; README's table is what scripts/target_table.py prints."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import pytest
 import nbhw
 from nbhw.core.advice.status import Status
 from nbhw.core.hardware.targets import Accelerator, catalog, parse_target
+from nbhw.core.plan.placement import is_accelerator
+from nbhw.core.plan.run import framework_reserve
 from tests.dists import BITSANDBYTES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,6 +84,21 @@ def _check_plan(a: Accelerator, plan: Any) -> None:
         assert placement.kind in {"cpu_offload", "disk", "too_big"}, (a.key, placement.verdict)
     assert plan.check() == [], (a.key, plan.check())
     assert plan.to_dict()["target"] == parse_target(a.name).label
+    _check_run(a, placement)
+
+
+def _check_run(a: Accelerator, placement: Any) -> None:
+    """Each of the target's devices counts the run and the reserve the run planner states for its backend."""
+    reserve = framework_reserve(a.backend, capability=a.capability, total_memory=a.memory_bytes).bytes
+    on_target = [s for s in placement.devices if is_accelerator(s.key)]
+    assert on_target and placement.run_kind in {"fits", "fits_shorter", "does_not_fit"}, (a.key, placement.verdict)
+    for share in on_target:
+        assert share.reserve_bytes == reserve and share.budget == a.memory_bytes, (a.key, share)
+        assert share.needed_bytes is not None and share.needed_bytes > share.bytes + reserve, (a.key, share)
+        assert (share.needed_bytes <= share.budget) == (placement.run_kind == "fits"), (a.key, share)
+    cpu = next((s for s in placement.devices if s.key == "cpu"), None)
+    if cpu is not None and cpu.reserve_bytes is not None:  # a target's host: the process's own, not "read now"
+        assert cpu.reserve_bytes == framework_reserve("cpu").bytes, (a.key, cpu)
 
 
 @pytest.mark.slow
