@@ -25,6 +25,8 @@ from nbhw.core.hf import meta_build
 from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.core.plan import codegen, load_form
 from nbhw.core.plan.load_form import Form
+from nbhw.core.plan.run import framework_reserve
+from nbhw.core.render import size
 from nbhw.ui import memory as memory_ui
 from nbhw.ui import panel as panels
 from nbhw.ui.codebox import highlight
@@ -187,6 +189,8 @@ def test_the_hardware_selector_plans_for_a_catalog_target_and_says_it_is_not_her
     assert "planning for 1x T4: hardware that is not here" in text_of(view.message.value)
     assert "cuda:0" in [v for _, v in view.control("device_map").options]  # the target's device strings
     assert "cuda:0" in view.picture.value and "the 1x T4's memory" in text_of(view.report.value)
+    reserve = framework_reserve("cuda", capability=(7, 5), total_memory=16 * 1024**3)
+    assert f"{size(reserve.bytes)}: CUDA context" in text_of(view.report.value)  # the run counts the T4's reserve
     labels = {v: label for label, v in view.control("quantization").options}
     assert view.choices is not None
     fbgemm = view.choices.option("quantization", "fbgemm_fp8")
