@@ -78,6 +78,14 @@ def _load(args: argparse.Namespace) -> int:
     return 1 if plan.check() else 0
 
 
+def _session_only(args: argparse.Namespace) -> int:
+    """holders and free read the running session's tensors: a new process has none (nbhw.commands.Command)."""
+    raise UserError(
+        f"nbhw {args.command}: only inside a running Python session (%hw {args.command} in IPython or Jupyter, "
+        f"nbhw.{args.command}() in Python); a new `python -m nbhw` process holds none of your tensors"
+    )
+
+
 # One runner per command of the table (nbhw.commands.COMMANDS); a test checks they match.
 RUNNERS = {
     "devices": _devices,
@@ -88,6 +96,8 @@ RUNNERS = {
     "targets": _targets,
     "report": _report,
     "doctor": _doctor,
+    "holders": _session_only,
+    "free": _session_only,
 }
 
 
