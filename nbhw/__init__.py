@@ -22,6 +22,8 @@ _LAZY = {
     "UserError": "nbhw.core.errors:UserError",
     "plan": "nbhw.core.plan.load_plan:plan",
     "LoadPlan": "nbhw.core.plan.load_plan:LoadPlan",
+    "train_plan": "nbhw.core.train.train_plan:train_plan",
+    "TrainPlan": "nbhw.core.train.train_plan:TrainPlan",
     "monitor": "nbhw.ui.memory:monitor",
     "Monitor": "nbhw.ui.memory:Monitor",
     "panel": "nbhw.ui.panel:panel",
@@ -35,6 +37,7 @@ __all__ = [
     "Monitor",
     "Panel",
     "Preflight",
+    "TrainPlan",
     "UserError",
     "__version__",
     "attention",
@@ -45,6 +48,7 @@ __all__ = [
     "panel",
     "plan",
     "report",
+    "train_plan",
     "unload_ipython_extension",
 ]
 

@@ -21,6 +21,7 @@ from nbhw.core.argument import EMIT, JSON, MODEL, OFFLINE, Argument
 from nbhw.core.errors import UserError
 from nbhw.core.memory.arguments import MEMORY_ARGUMENTS
 from nbhw.core.plan.arguments import PLAN_ARGUMENTS
+from nbhw.core.train.arguments import TRAIN_ARGUMENTS
 
 Surface = Literal["magic", "cli"]
 HELP_WIDTH = 100
@@ -60,6 +61,13 @@ COMMANDS = (
         "(%hw: the panel's Load tab, pre-filled; --emit: the cell below)",
         (MODEL, *PLAN_ARGUMENTS, OFFLINE, EMIT, JSON),
         aliases=("plan",),
+    ),
+    Command(
+        "train",
+        "can I fine-tune this model (full / LoRA / QLoRA) here or on N devices: per-device memory from one real "
+        "training step on meta, the strategies compared, the training cell and the launch command "
+        "(--emit: the cell below)",
+        (MODEL, *TRAIN_ARGUMENTS, OFFLINE, EMIT, JSON),
     ),
     Command("report", "environment report for bug reports", (JSON,)),
     Command(

@@ -86,7 +86,9 @@ def check_targets(value: Any) -> tuple[str, ...] | str | None:
         value = (value,)
     names = tuple(value)
     if not names or not all(isinstance(n, str) and n for n in names):
-        raise UserError(f"lora_target_modules {value!r} is not a list of module names, e.g. q_proj v_proj, or all-linear")
+        raise UserError(
+            f"lora_target_modules {value!r} is not a list of module names, e.g. q_proj v_proj, or all-linear"
+        )
     return ("all-linear",)[0] if names == (ALL_LINEAR,) else names
 
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import dataclasses
+import functools
 import math
 import threading
 import types
@@ -120,7 +120,9 @@ def quant_state_tensors(model: Any) -> list[Any]:
 def linear_layer_names(model: Any) -> list[str]:
     """The model's linear layers as LoRA target names (peft's own "all-linear" rule, last name component)."""
     from peft import LoraConfig  # lazy: optional, imported when a plan needs it
-    from peft.tuners.tuners_utils import _maybe_include_all_linear_layers  # lazy: optional, imported when a plan needs it
+    from peft.tuners.tuners_utils import (
+        _maybe_include_all_linear_layers,
+    )  # lazy: optional, imported when a plan needs it
 
     found = _maybe_include_all_linear_layers(LoraConfig(target_modules="all-linear"), model).target_modules
     return sorted({name.rsplit(".", 1)[-1] for name in found})
@@ -223,14 +225,16 @@ def create_optimizer(model: Any, args: TrainArgs, device_type: str | None = None
         get_optimizer_cls_and_kwargs=Trainer.get_optimizer_cls_and_kwargs,
     )
     stand_in.get_decay_parameter_names = lambda m: Trainer.get_decay_parameter_names(stand_in, m)
-    optimizer = Trainer.create_optimizer(stand_in)  # type: ignore[arg-type]
+    optimizer = Trainer.create_optimizer(stand_in)
     if device_type is not None:
         _implementation_for(optimizer, device_type)
     return optimizer
 
 
 def _implementation_for(optimizer: Any, device_type: str) -> None:
-    from torch.utils._foreach_utils import _get_foreach_kernels_supported_devices  # lazy: import nbhw stays free of torch
+    from torch.utils._foreach_utils import (
+        _get_foreach_kernels_supported_devices,
+    )  # lazy: import nbhw stays free of torch
 
     foreach = device_type in _get_foreach_kernels_supported_devices()
     for group in optimizer.param_groups:
@@ -281,7 +285,7 @@ def clip_gradients(model: Any, max_norm: float) -> None:
 
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     if has_mixed_dtensor(grads):
-        Trainer._mixed_mesh_grad_norm(None, model, max_norm)  # type: ignore[arg-type]
+        Trainer._mixed_mesh_grad_norm(None, model, max_norm)
     else:
         torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], max_norm)
 
@@ -294,47 +298,63 @@ class _NoHook:
         pass
 
 
-def tracker_class() -> type:
-    """torch's MemTracker, leaving frozen parameters out of its gradient hooks.
+class _Training:
+    """The methods of :func:`tracker_class`'s class, mixed in before torch's ``MemTracker`` (made on first use).
 
     torch 2.13's MemTracker registers a gradient hook on every parameter of each module it enters, and
     ``register_hook`` refuses a tensor that doesn't require grad: any LoRA / frozen model fails. A dummy handle
     for frozen parameters makes it skip them; their memory is still tracked as parameters.
     """
-    from torch.distributed._tools.mem_tracker import _TOTAL_KEY as _TOTAL  # lazy: import nbhw stays free of torch
-    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType  # lazy: import nbhw stays free of torch
 
-    _GRAD = _MemRefType.GRAD
+    _param_to_grad_hook_handles: dict[Any, Any]  # MemTracker's
+    _mod_tracker: Any
+    memory_tracking: Any
+    _curr_mem_snap: dict[Any, dict[Any, int]]
+    _peak_mem: dict[Any, int]
+    _peak_mem_snap: dict[Any, dict[Any, int]]
+    timeline: Any = None
 
-    class TrainTracker(MemTracker):  # type: ignore[misc]
-        def _track_module_params_and_buffers(self, module: Any, install_grad_hooks: bool = True) -> Any:
-            for p in module.parameters():
-                if not p.requires_grad and p not in self._param_to_grad_hook_handles:
-                    self._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
-            return super()._track_module_params_and_buffers(module, install_grad_hooks)
+    def _track_module_params_and_buffers(self, module: Any, install_grad_hooks: bool = True) -> Any:
+        for p in module.parameters():
+            if not p.requires_grad and p not in self._param_to_grad_hook_handles:
+                self._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
+        return super()._track_module_params_and_buffers(module, install_grad_hooks)  # type: ignore[misc]
 
-        def _pre_fw_hook(self, module: Any, inputs: Any) -> None:
-            # MemTracker refuses a module's second forward (gradient accumulation, step 2) unless its per-module
-            # stats are cleared; they are not what the plan reports, so a fresh forward starts them again.
-            if not self._mod_tracker.is_bw:
-                self.memory_tracking.pop(module, None)
-            super()._pre_fw_hook(module, inputs)
+    def _pre_fw_hook(self, module: Any, inputs: Any) -> None:
+        # MemTracker refuses a module's second forward (gradient accumulation, step 2) unless its per-module
+        # stats are cleared; they are not what the plan reports, so a fresh forward starts them again.
+        if not self._mod_tracker.is_bw:
+            self.memory_tracking.pop(module, None)
+        super()._pre_fw_hook(module, inputs)  # type: ignore[misc]
 
-        def _update_peak_stats(self, peak_state: Any) -> None:
-            # The device-wide peak only. MemTracker also updates every live module's own peak on every op (a loop
-            # over all modules with a deepcopy per new peak): quadratic in depth, minutes for an 80-layer model,
-            # and per-module peaks are not what the plan reports.
-            for dev, snap in self._curr_mem_snap.items():
-                total = snap[_TOTAL]
-                if self._peak_mem.get(dev, 0) < total:
-                    self._peak_mem[dev] = total
-                    self._peak_mem_snap[dev] = dict(snap)
-            timeline = getattr(self, "timeline", None)
-            if timeline is not None:
-                snaps = self._curr_mem_snap.values()
-                timeline.record(self, sum(s[_TOTAL] for s in snaps), sum(s[_GRAD] for s in snaps))
+    def _update_peak_stats(self, peak_state: Any) -> None:
+        # The device-wide peak only. MemTracker also updates every live module's own peak on every op (a loop
+        # over all modules with a deepcopy per new peak): quadratic in depth, minutes for an 80-layer model,
+        # and per-module peaks are not what the plan reports.
+        total_key, grad = _mem_keys()
+        for dev, snap in self._curr_mem_snap.items():
+            total = snap[total_key]
+            if self._peak_mem.get(dev, 0) < total:
+                self._peak_mem[dev] = total
+                self._peak_mem_snap[dev] = dict(snap)
+        if self.timeline is not None:
+            snaps = self._curr_mem_snap.values()
+            self.timeline.record(self, sum(s[total_key] for s in snaps), sum(s[grad] for s in snaps))
 
-    return TrainTracker
+
+@functools.cache
+def _mem_keys() -> tuple[Any, Any]:
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, _MemRefType  # lazy: import nbhw stays free of torch
+
+    return _TOTAL_KEY, _MemRefType.GRAD
+
+
+@functools.cache
+def tracker_class() -> type:
+    """torch's MemTracker with :class:`_Training`'s answers: frozen parameters, repeated forwards, one peak."""
+    from torch.distributed._tools.mem_tracker import MemTracker  # lazy: import nbhw stays free of torch
+
+    return type("TrainTracker", (_Training, MemTracker), {"__module__": __name__})
 
 
 def _recompute_contexts(target: str) -> tuple[Any, Any]:
@@ -740,7 +760,9 @@ def tp_problems(config: Any, world_size: int) -> list[str]:
     checked here with transformers' own rule, on the attention and the key/value heads.
     """
     import transformers  # lazy: import nbhw stays free of transformers
-    from transformers.distributed.tensor_parallel import get_kv_heads_per_rank  # lazy: import nbhw stays free of transformers
+    from transformers.distributed.tensor_parallel import (
+        get_kv_heads_per_rank,
+    )  # lazy: import nbhw stays free of transformers
 
     cls = transformers.AutoModelForCausalLM._model_mapping[type(config)]
     text = config.get_text_config()
@@ -939,5 +961,3 @@ def with_depth(config: Any, layers: int) -> Any:
     if kinds:
         text.layer_types = (kinds * (layers // len(kinds) + 1))[:layers] if len(set(kinds)) > 1 else kinds[:1] * layers
     return small
-
-

@@ -72,7 +72,9 @@ class RankEstimate:
         return out
 
 
-def strategy_estimate(config: Any, args: TrainArgs, strategy: str, world_size: int, *, offload: bool = False) -> RankEstimate:
+def strategy_estimate(
+    config: Any, args: TrainArgs, strategy: str, world_size: int, *, offload: bool = False
+) -> RankEstimate:
     """As _strategy_estimate; a step the libraries refuse under this strategy becomes the plan's problem."""
     started = time.perf_counter()
     try:
