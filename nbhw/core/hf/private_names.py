@@ -164,7 +164,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         PEFT_V,
         "peft's all-linear rule",
         only="peft",
-    ),  # fmt: skip
+    ),
     _n(f"{BNB}.nn", "Params4bit._quantize", "call", BNB_V, "QLoRA's 4-bit packing, on meta", only=BNB),
     # accelerate
     _n("accelerate.state", "PartialState._prepare_backend", "source", ACCELERATE, "the distributed backend chosen"),

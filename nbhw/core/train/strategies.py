@@ -73,13 +73,16 @@ class RankEstimate:
 
 
 def strategy_estimate(
-    config: Any, args: TrainArgs, strategy: str, world_size: int, *, offload: bool = False
+    config: Any, args: TrainArgs, strategy: str, world_size: int, *, offload: bool = False, mistakes: bool = False
 ) -> RankEstimate:
-    """As _strategy_estimate; a step the libraries refuse under this strategy becomes the plan's problem."""
+    """As _strategy_estimate; a step the libraries refuse under this strategy becomes the row's problem.
+    ``mistakes``: a user mistake (LoRA targets the model lacks) raises its UserError instead (one strategy asked)."""
     started = time.perf_counter()
     try:
         found = _strategy_estimate(config, args, strategy, world_size, offload=offload)
     except UserError as exc:
+        if mistakes:
+            raise
         found = RankEstimate(strategy, world_size, offload, 0, 0, "not run", problems=[str(exc)])
     except Exception as exc:  # the dry run is the check: what transformers / peft / torch raise is the answer
         message = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]

@@ -187,10 +187,10 @@ def search_batch(peak: Callable[[int], int], budget: int, *, limit: int) -> int:
 
 def _rows(config: Any, args: TrainArgs) -> list[RankEstimate]:
     if args.world_size == 1:
-        return [strategies.strategy_estimate(config, args, "single", 1)]
+        return [strategies.strategy_estimate(config, args, "single", 1, mistakes=True)]
     if args.strategy != "auto":
         world = args.devices if args.strategy == "tp" else args.world_size
-        return [strategies.strategy_estimate(config, args, args.strategy, world, offload=args.offload)]
+        return [strategies.strategy_estimate(config, args, args.strategy, world, offload=args.offload, mistakes=True)]
     rows = strategies.compare_strategies(config, args, tuple(c for c in strategies.CHOICES if c[0] != "single"))
     if args.nodes > 1:
         for row in rows:
