@@ -94,14 +94,19 @@ for family in sys.argv[2:]:
     path = save_tiny(config, sys.argv[1] + "/" + family)
     for gc in (False, True):
         args = args_for("qlora", gc)
-        real = real_peak(path, args, config.vocab_size)
-        out[f"{family}/{gc}"] = [S.dry_run(config, args).peak, real.tracker, real.profiler]
+        real = real_peak(path, args, config.vocab_size, profiler=False)  # the profiler: in the dense tests
+        out[f"{family}/{gc}"] = [S.dry_run(config, args).peak, real.tracker]
 print(json.dumps(out))
 """
 
 
+def python_path(*more: Path) -> str:
+    """This checkout first (the child imports these tests and nbhw from here), then what this process had."""
+    return os.pathsep.join([str(ROOT), *map(str, more), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 def run_with_bnb(code: str, *argv: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(BITSANDBYTES)]), PYTHONWARNINGS="ignore")
+    env = dict(os.environ, PYTHONPATH=python_path(BITSANDBYTES), PYTHONWARNINGS="ignore")
     return subprocess.run(
         [sys.executable, "-c", code, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
         check=False,
@@ -117,9 +122,9 @@ def test_qlora_meta_step_matches_the_real_cpu_step(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(found) == 2 * len(FAMILIES)
-    for key, (estimate, tracker, profiler) in found.items():
+    print(found)
+    for key, (estimate, tracker) in found.items():
         assert abs(estimate - tracker) <= TOLERANCE * tracker, (key, estimate, tracker)
-        assert abs(estimate - profiler) <= TOLERANCE * profiler, (key, estimate, profiler)
 
 
 def test_parts_add_up_and_say_what_they_are() -> None:
