@@ -693,8 +693,8 @@ def _weights(model: Any, extra: list[Any], device: str = "meta") -> int:
 def meta_notes(args: TrainArgs) -> list[str]:
     """What the meta step answers the device's way (said, not silent)."""
     notes = [
-        "attention: torch's fused SDPA kernel as its CPU rule picks it (meta would run the math path); the kernel's "
-        "internal workspace is not counted",
+        f"attention: the SDPA kernel {'torch picks on a CPU' if attention_target(args) == 'cpu' else 'CUDA would run'}"
+        " (meta alone would run the math path); the kernel's internal workspace is not counted",
         "rows are one unpadded sequence each; padding adds a batch x context x context mask",
     ]
     if args.dtype != "float32":
