@@ -14,6 +14,8 @@ run is a fresh process, and each kernel round a fresh Jupyter kernel. Sections:
   the same kernel.
 - memory: tests/bench_memory.py: a CPU-bound torch loop with the sampler off / on, bytes per tick, cell hooks.
 - plan: tests/bench_plan.py: a Llama-3-70B-sized config, nbhw.plan vs accelerate's helpers.
+- train: tests/bench_train.py: a Llama-3.1-70B-sized LoRA plan over 8 x 80 GiB, every strategy, against the
+  inference plan in the same process.
 
 The summary at the end puts every figure next to its target (issue 10).
 """
@@ -38,7 +40,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-SECTIONS = ("startup", "kernel", "memory", "plan")
+SECTIONS = ("startup", "kernel", "memory", "plan", "train")
 
 
 def child_env() -> dict[str, str]:
@@ -468,7 +470,26 @@ def main() -> int:
             print(f"  device_map, {budget}: {same} as accelerate's infer_auto_device_map")
         return plan_lines(ours, theirs)
 
-    steps = {"startup": run_startup, "kernel": run_kernel, "memory": run_memory, "plan": run_plan}
+    def run_train() -> list[Line]:
+        from tests import bench_train as bt
+
+        runs = bt.compare("lora", 1)  # one round: the first plan alone takes minutes here (see README)
+        print("\n".join(bt.report("lora", runs)))
+        warm, first = statistics.median(r["warm"] for r in runs), statistics.median(r["first"] for r in runs)
+        inference = statistics.median(r["inference_first"] for r in runs)
+        return [
+            Line("train plan 70B, 8 x 80 GiB, all strategies, warm", f"{warm:.3f} s", "", "", "<= 3 s", warm <= 3),
+            Line(
+                "train plan 70B, all strategies, first",
+                f"{first:.1f} s",
+                f"inference plan {inference:.2f} s",
+                f"{first / inference:.1f}x",
+                "",
+                None,
+            ),
+        ]
+
+    steps = {"startup": run_startup, "kernel": run_kernel, "memory": run_memory, "plan": run_plan, "train": run_train}
     for name in only:
         summary += steps[name]()
     rows = [[x.measure, x.ours, x.against, x.ratio, x.target, verdict(x.met)] for x in summary]
