@@ -301,7 +301,7 @@ def _strategy_rows(plan: TrainPlan) -> list[list[str]]:
             how = r.source.split(":")[0].split(", ")[0]  # the whole source is in to_dict()
             rows.append([mark, r.label, size(r.device_bytes), size(r.host_bytes) if r.host_bytes else "", how])
         else:
-            rows.append([mark, r.label, "-", "", "; ".join(r.problems)])
+            rows.append([mark, r.label, "-", "", r.problems[0]])  # every problem: in to_dict()
     return rows
 
 
