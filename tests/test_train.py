@@ -279,19 +279,57 @@ def test_commands_for_one_and_two_nodes() -> None:
     assert L.notebook_launcher_cell(one) is not None and L.notebook_launcher_cell(two) is None
 
 
-def test_deepspeed_configs_pass_deepspeeds_own_parser(tmp_path: Path) -> None:
-    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed here (it needs its ops built or a GPU)")
-    from deepspeed.runtime.config import DeepSpeedConfig
-    from transformers import TrainingArguments
-    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+DEEPSPEED_CHECK = """
+import json, sys
+from deepspeed.runtime.config import DeepSpeedConfig
+from transformers import TrainingArguments
+from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+for path in sys.argv[1:]:
+    hf = HfTrainerDeepSpeedConfig(json.load(open(path)))
+    hf.trainer_config_process(TrainingArguments(output_dir="/tmp/nbhw-ds", per_device_train_batch_size=4,
+                                                gradient_accumulation_steps=2, bf16=True, use_cpu=True))
+    ds = DeepSpeedConfig(hf.config)
+    print(ds.zero_optimization_stage, ds.train_micro_batch_size_per_gpu, ds.gradient_accumulation_steps,
+          bool(ds.zero_config.offload_optimizer))
+"""
 
+
+def deepspeed_python() -> str | None:
+    """A Python with DeepSpeed: $NBHW_DEEPSPEED_PYTHON (DeepSpeed pins its own torch: kept out of the test venv),
+    else this one if it has DeepSpeed."""
+    import importlib.util
+
+    named = os.environ.get("NBHW_DEEPSPEED_PYTHON")
+    if named:
+        return named
+    return sys.executable if importlib.util.find_spec("deepspeed") is not None else None
+
+
+def test_deepspeed_configs_pass_deepspeeds_own_parser(tmp_path: Path) -> None:
+    """The emitted ZeRO configs, their "auto" values filled by transformers' own HfTrainerDeepSpeedConfig, parsed
+    by DeepSpeed's own DeepSpeedConfig (no step: DeepSpeed's engine needs a GPU or built ops)."""
+    python = deepspeed_python()
+    if python is None:
+        pytest.skip("no DeepSpeed here; set NBHW_DEEPSPEED_PYTHON to a Python that has it")
+    paths = []
     for strategy in ("zero2", "zero3"):
         for offload in (False, True):
-            args = train_args(method="lora", batch=4, strategy=strategy, devices=8, nodes=2, offload=offload)
-            hf = HfTrainerDeepSpeedConfig(L.deepspeed_config(dataclasses.replace(args, dtype="bfloat16")))
-            hf.trainer_config_process(TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4,
-                                                        bf16=True, use_cpu=True))  # fmt: skip
-            assert DeepSpeedConfig(hf.config).zero_optimization_stage == int(strategy[-1])
+            args = train_args(method="lora", batch=4, gradient_accumulation_steps=2, dtype="bfloat16",
+                              strategy=strategy, devices=8, nodes=2, offload=offload)  # fmt: skip
+            folder = tmp_path / f"{strategy}-{offload}"
+            L.launch_files("org/model", args).write(folder)
+            paths.append(str(folder / L.DEEPSPEED_CONFIG_NAME))
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**json.loads(Path(paths[0]).read_text()), "zero_optimization": {"stage": 7}}))
+    env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH="")
+    done = subprocess.run([python, "-c", DEEPSPEED_CHECK, *paths], capture_output=True, text=True, timeout=600,
+                          env=env, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.split("\n")[-5:-1]
+    assert lines == ["2 4 2 False", "2 4 2 True", "3 4 2 False", "3 4 2 True"], done.stdout
+    refused = subprocess.run([python, "-c", DEEPSPEED_CHECK, str(bad)], capture_output=True, text=True,
+                             timeout=600, env=env, check=False)  # fmt: skip
+    assert refused.returncode != 0  # the parser really validates
 
 
 # ------------------------------------------------------------------ real distributed runs
