@@ -363,7 +363,13 @@ def test_torchrun_gloo_runs_the_emitted_script_and_each_rank_peaks_as_planned(
     for rank in ranks:
         if strategy == "fsdp2":
             assert rank["model"]["model"].startswith("FSDP")  # really sharded, not DDP in disguise
-        assert abs(estimate - rank["peak"]) <= TOLERANCE * rank["peak"], (estimate, rank["peak"])
+        # TP on the CPU only: transformers keeps each loaded shard as a view of the whole tensor (see train_rank.py),
+        # seen as 0.87-0.91 of the real peak with it. The plan follows the shards, as a GPU holds them.
+        excess = rank["model"]["storage_excess"] if strategy == "tp" else 0
+        assert excess == 0 or strategy == "tp"
+        real = rank["peak"] - excess
+        print(f"{strategy}: estimate {estimate:,} B, rank peak {rank['peak']:,} B, loading excess {excess:,} B")
+        assert abs(estimate - real) <= TOLERANCE * real, (estimate, rank["peak"], excess)
 
 
 # ------------------------------------------------------------------ mistakes

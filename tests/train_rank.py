@@ -41,6 +41,7 @@ def main() -> None:
                 model=type(model).__name__,
                 fsdp=[c.__name__ for c in type(model).__mro__][:4],
                 params=sum(T.local_nbytes(p) for p in model.parameters()),
+                storage_excess=storage_excess(model),
             )
 
     import transformers
@@ -69,6 +70,19 @@ def main() -> None:
             }
         )
     )
+
+
+def storage_excess(model: object) -> int:
+    """Bytes the parameters' storages hold beyond this rank's own shards. transformers 5.24's TP loading keeps each
+    colwise shard as a narrow view of the whole loaded tensor when the target is the CPU (on a GPU the shard is
+    copied to the device): that excess is the loading's, not the training step's."""
+    storages: dict[int, int] = {}
+    local = 0
+    for p in model.parameters():  # type: ignore[attr-defined]
+        t = p.to_local() if hasattr(p, "to_local") else p
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        local += t.nbytes
+    return sum(storages.values()) - local
 
 
 def _fsdp_on_cpu() -> None:
