@@ -7,8 +7,11 @@ own bitsandbytes quantizer for the 4-bit base of QLoRA, and the optimizer ``Trai
 
 Where the meta device cannot answer as the target device would, the dry run answers the target's way and says so:
 - SDPA: on meta it always decomposes to the math path (a batch x heads x T x T matrix saved for backward); CPU and
-  CUDA run a fused kernel that saves only the output and a log-sum-exp. The dry run calls the fused kernel torch's
-  own CPU rule (``aten._fused_sdp_choice``) picks, on zero-memory CPU stand-ins of the same shapes.
+  CUDA run a fused kernel that saves only the output and a log-sum-exp. The run planner's routing
+  (:func:`nbhw.core.hf.dryrun.attention_as_on`) sizes each call as the target's kernel, and checkpointing's recompute
+  in backward (which runs outside torch-function modes) enters it again through checkpoint's ``context_fn``.
+- The model is the run planner's meta build (:func:`nbhw.core.plan.run.build`: ``from_config`` plus the dtype plan
+  ``from_pretrained`` applies), then what the cell does to it: the 4-bit quantizer, peft, checkpointing.
 - Masks: with ``use_cache=False`` (what Trainer sets) transformers asks whether the rows hold packed sequences
   (a ``.item()``); the dry run's rows are one sequence each, so it answers "no", as the real data does.
 """
@@ -705,30 +708,6 @@ def meta_notes(args: TrainArgs) -> list[str]:
     return notes
 
 
-def max_batch(config: Any, args: TrainArgs, budget: int, *, limit: int = 4096) -> tuple[int, StepMemory | None]:
-    """The largest per-device batch whose dry-run peak fits ``budget`` bytes (0 when even 1 does not).
-
-    Peaks at batch 1 and 2 propose a candidate (memory grows with the batch); the candidate is then checked, and
-    stepped down or up, with real dry runs, so the answer is a measured one.
-    """
-    one = dry_run(config, args, batch=1)
-    if one.peak > budget:
-        return 0, one
-    two = dry_run(config, args, batch=2)
-    per_row = max(two.peak - one.peak, 1)
-    guess = max(1, min(limit, 1 + (budget - one.peak) // per_row))
-    found = dry_run(config, args, batch=guess)
-    while found.peak > budget and guess > 1:
-        guess -= 1
-        found = dry_run(config, args, batch=guess)
-    while guess < limit:
-        bigger = dry_run(config, args, batch=guess + 1)
-        if bigger.peak > budget:
-            break
-        guess, found = guess + 1, bigger
-    return guess, found
-
-
 # --------------------------------------------------------------------------------------------- sharded steps
 
 
@@ -881,11 +860,6 @@ def _blocks(timeline: Timeline, backward: bool) -> dict[int, tuple[int, int]]:
             span = spans.setdefault(layer, [i, i + 1])
             span[1] = i + 1
     return {k: (v[0], v[1]) for k, v in spans.items()}
-
-
-def _deltas(values: list[int], start: int, end: int) -> list[int]:
-    base = values[start - 1] if start > 0 else 0
-    return [v - base for v in values[start:end]]
 
 
 def synthesize_peak(timeline: Timeline, layers: int) -> tuple[int, int]:
