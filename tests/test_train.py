@@ -208,6 +208,17 @@ def test_sharded_strategies_in_one_process_for_eight_ranks() -> None:
     assert not dist.is_initialized()  # the fake world is gone again
 
 
+def test_an_fsdp2_figure_far_above_the_sharding_rule_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard against the 70B FSDP2 instability (476 GiB per rank read once, 82 GiB the next time)."""
+    config = families.llama()
+    args = dataclasses.replace(args_for("full", False), devices=2)
+    monkeypatch.setattr(strategies, "UNTRUSTED", 0.5)
+    row = strategies.strategy_estimate(config, args, "fsdp2", 2)
+    assert row.source == "not trusted" and "not trusted" in row.problems[0] and "ZeRO-3 rule" in row.problems[0]
+    monkeypatch.setattr(strategies, "UNTRUSTED", 2.0)
+    assert strategies.strategy_estimate(config, args, "fsdp2", 2).ok
+
+
 # ------------------------------------------------------------------ the emitted cell, run for real
 
 
