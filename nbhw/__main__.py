@@ -66,6 +66,14 @@ def _load(args: argparse.Namespace) -> int:
     return 1 if plan.check() else 0
 
 
+def _session_only(args: argparse.Namespace) -> int:
+    """holders and free read the running session's tensors: a new process has none (nbhw.commands.Command)."""
+    raise UserError(
+        f"nbhw {args.command}: only inside a running Python session (%hw {args.command} in IPython or Jupyter, "
+        f"nbhw.{args.command}() in Python); a new `python -m nbhw` process holds none of your tensors"
+    )
+
+
 def _train(args: argparse.Namespace) -> int:
     """Exit 1 when the plan does not fit or does not run (a script can stop before training)."""
     from nbhw.core.train.train_plan import from_words  # lazy: torch and peft only for this command
@@ -89,6 +97,8 @@ RUNNERS = {
     "train": _train,
     "report": _report,
     "doctor": _doctor,
+    "holders": _session_only,
+    "free": _session_only,
 }
 
 

@@ -28,9 +28,10 @@ LAZY = {
     ("nbhw/magics.py", "from nbhw.core.advice.attention import advise"),
     ("nbhw/magics.py", "from nbhw.core.plan.load_plan import from_words"),
     ("nbhw/magics.py", "from nbhw.core.hardware.doctor import doctor"),
-    ("nbhw/__main__.py", "from nbhw.core import memory"),
+    ("nbhw/magics.py", "from nbhw import session"),  # %hw holders / free, and a cell that ran out of memory
+    ("nbhw/__main__.py", "from nbhw.core import memory"),  # numpy only for `python -m nbhw memory`
     ("nbhw/magics.py", "from nbhw.core.train.train_plan import from_words"),  # torch and peft only for %hw train
-    ("nbhw/__main__.py", "from nbhw.core.train.train_plan import from_words"),  # numpy only for `python -m nbhw memory`
+    ("nbhw/__main__.py", "from nbhw.core.train.train_plan import from_words"),
 }
 
 
