@@ -30,6 +30,8 @@ _LAZY = {
     "Holders": "nbhw.core.memory.holders:Holders",
     "free": "nbhw.session:free",
     "Freed": "nbhw.core.memory.freeing:Freed",
+    "train_plan": "nbhw.core.train.train_plan:train_plan",
+    "TrainPlan": "nbhw.core.train.train_plan:TrainPlan",
     "monitor": "nbhw.ui.memory:monitor",
     "Monitor": "nbhw.ui.memory:Monitor",
     "panel": "nbhw.ui.panel:panel",
@@ -47,6 +49,7 @@ __all__ = [
     "Preflight",
     "QuantizationAdvice",
     "Targets",
+    "TrainPlan",
     "UserError",
     "__version__",
     "attention",
@@ -61,6 +64,7 @@ __all__ = [
     "quantization",
     "report",
     "targets",
+    "train_plan",
     "unload_ipython_extension",
 ]
 

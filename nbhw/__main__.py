@@ -86,6 +86,20 @@ def _session_only(args: argparse.Namespace) -> int:
     )
 
 
+def _train(args: argparse.Namespace) -> int:
+    """Exit 1 when the plan does not fit or does not run (a script can stop before training)."""
+    from nbhw.core.train.train_plan import from_words  # lazy: torch and peft only for this command
+
+    plan = from_words(args)
+    if args.emit:
+        print(plan.code, end="")
+    elif args.json:
+        print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        print(plan.text(), end="")
+    return 1 if plan.fits is False or not plan.recommended.ok else 0
+
+
 # One runner per command of the table (nbhw.commands.COMMANDS); a test checks they match.
 RUNNERS = {
     "devices": _devices,
@@ -94,6 +108,7 @@ RUNNERS = {
     "load": _load,
     "quantization": _quantization,
     "targets": _targets,
+    "train": _train,
     "report": _report,
     "doctor": _doctor,
     "holders": _session_only,

@@ -22,6 +22,7 @@ from nbhw.core.errors import UserError
 from nbhw.core.hardware.targets import VENDOR
 from nbhw.core.memory.arguments import FREE_ARGUMENTS, HOLDERS_ARGUMENTS, MEMORY_ARGUMENTS
 from nbhw.core.plan.arguments import PLAN_ARGUMENTS
+from nbhw.core.train.arguments import TRAIN_ARGUMENTS
 
 Surface = Literal["magic", "cli"]
 HELP_WIDTH = 100
@@ -78,6 +79,13 @@ COMMANDS = (
         (MODEL, *QUANTIZATION_ARGUMENTS, OFFLINE, JSON),
     ),
     Command("targets", "the accelerators nbhw can plan for without having them (--target NAME)", (VENDOR, JSON)),
+    Command(
+        "train",
+        "can I fine-tune this model (full / LoRA / QLoRA) here or on N devices: per-device memory from one real "
+        "training step on meta, the strategies compared, the training cell and the launch command "
+        "(--emit: the cell below)",
+        (MODEL, *TRAIN_ARGUMENTS, OFFLINE, EMIT, JSON),
+    ),
     Command("report", "environment report for bug reports", (JSON,)),
     Command(
         "doctor",

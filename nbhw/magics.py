@@ -112,6 +112,18 @@ class HwMagics(Magics):
 
         self._show(targets(args.vendor), args)
 
+    def _run_train(self, args: argparse.Namespace) -> None:
+        from nbhw.core.train.train_plan import from_words  # lazy: see above
+
+        plan = from_words(args)  # a mistake in the words is a UsageError here
+        if args.emit:
+            self.shell.set_next_input(plan.code, replace=False)
+            display(plan)
+        elif args.json:
+            print(json.dumps(plan.to_dict(), indent=2))
+        else:
+            display(plan)
+
     def _run_load(self, args: argparse.Namespace) -> None:
         from nbhw.core.plan.load_plan import from_words  # lazy: see above
 

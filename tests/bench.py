@@ -1,6 +1,6 @@
 """nbhw against the tools users would pick instead, measured side by side in one run (a benchmark, not a test).
 
-    .venv/bin/python -m tests.bench [--rounds N] [--quick] [--only startup,kernel,memory,plan,run,panel,holders]
+    .venv/bin/python -m tests.bench [--rounds N] [--quick] [--only startup,kernel,memory,plan,run,panel,holders,train]
 
 Run it from the repository root: it measures this checkout's nbhw (its children get PYTHONPATH=<root>).
 Every comparison alternates its sides round by round and reports medians; where start-up is what is measured, each
@@ -20,6 +20,8 @@ run is a fresh process, and each kernel round a fresh Jupyter kernel. Sections:
   estimate, and per dtype change (needs the browser extra; not in the default run's time budget).
 - holders: tests/bench_holders.py: what keeps 10,000 tensors alive (a list; a model + AdamW) and the out-of-memory
   report of a training forward, against one gc.get_objects() pass in the same process.
+- train: tests/bench_train.py: a Llama-3.1-70B-sized LoRA plan over 8 x 80 GiB, every strategy, against the
+  inference plan in the same process.
 
 The summary at the end puts every figure next to its target (issue 10).
 """
@@ -44,7 +46,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-SECTIONS = ("startup", "kernel", "memory", "plan", "run", "panel", "holders")
+SECTIONS = ("startup", "kernel", "memory", "plan", "run", "panel", "holders", "train")
 
 
 def child_env() -> dict[str, str]:
@@ -546,8 +548,27 @@ def main() -> int:
                     bpn.HEADERS, bpn.rows(found))  # fmt: skip
         return panel_lines(found)
 
+    def run_train() -> list[Line]:
+        from tests import bench_train as bt
+
+        runs = bt.compare("lora", 1)  # one round: the first plan alone takes minutes here (see README)
+        print("\n".join(bt.report("lora", runs)))
+        warm, first = statistics.median(r["warm"] for r in runs), statistics.median(r["first"] for r in runs)
+        inference = statistics.median(r["inference_first"] for r in runs)
+        return [
+            Line("train plan 70B, 8 x 80 GiB, all strategies, warm", f"{warm:.3f} s", "", "", "<= 3 s", warm <= 3),
+            Line(
+                "train plan 70B, all strategies, first",
+                f"{first:.1f} s",
+                f"inference plan {inference:.2f} s",
+                f"{first / inference:.1f}x",
+                "",
+                None,
+            ),
+        ]
+
     steps = {"startup": run_startup, "kernel": run_kernel, "memory": run_memory, "plan": run_plan, "run": run_run,
-             "panel": run_panel, "holders": run_holders}  # fmt: skip
+             "panel": run_panel, "holders": run_holders, "train": run_train}  # fmt: skip
     for name in only:
         summary += steps[name]()
     rows = [[x.measure, x.ours, x.against, x.ratio, x.target, verdict(x.met)] for x in summary]

@@ -62,6 +62,7 @@ def test_the_benchmarks_are_not_collected_as_tests(pytestconfig: pytest.Config) 
         "bench_panel.py",
         "bench_plan.py",
         "bench_run.py",
+        "bench_train.py",
     ]
     assert not [name for name in benchmarks if any(fnmatch(name, p) for p in patterns)]
 

@@ -477,23 +477,24 @@ class _Sdpa:
         return "bool" if self.attn_mask.dtype == _torch().torch.bool else "float"
 
     def shape_key(self) -> tuple[Any, ...]:
-        """What torch's selector looks at, without the lengths (stand-ins are 2 tokens long)."""
+        """What torch's selector looks at, without the lengths (stand-ins are 2 tokens long). Dropout counts: in
+        training (GPT-2's attn_pdrop) CPU flash refuses it and the math path saves its dropout mask."""
         q, k, v = self.q, self.k, self.v
         return (q.dtype, q.shape[-1], v.shape[-1], q.shape[-3], k.shape[-3], self.mask_kind, bool(self.is_causal),
-                bool(self.enable_gqa))  # fmt: skip
+                bool(self.enable_gqa), float(self.dropout_p))  # fmt: skip
 
 
 @lru_cache(maxsize=256)
 def _cpu_choice(key: tuple[Any, ...]) -> int:
     """torch's CPU SDPA kernel choice (0 math, 1 flash) for inputs like these, asked with 2-token stand-ins."""
     torch = _torch().torch
-    dtype, head_dim, value_dim, heads, kv_heads, mask, causal, gqa = key
+    dtype, head_dim, value_dim, heads, kv_heads, mask, causal, gqa, dropout = key
     with torch.utils._python_dispatch._disable_current_modes():  # the stand-ins are not part of the run measured
         q = torch.empty(1, heads, 2, head_dim, dtype=dtype)
         k = torch.empty(1, kv_heads, 2, head_dim, dtype=dtype)
         v = torch.empty(1, kv_heads, 2, value_dim, dtype=dtype)
         m = None if mask == "none" else torch.empty(1, 1, 2, 2, dtype=torch.bool if mask == "bool" else dtype)
-        return int(torch._fused_sdp_choice(q, k, v, m, 0.0, causal, scale=None, enable_gqa=gqa))
+        return int(torch._fused_sdp_choice(q, k, v, m, dropout, causal, scale=None, enable_gqa=gqa))
 
 
 def _cuda_kernel(call: _Sdpa) -> str:

@@ -62,6 +62,7 @@ KERNELS_V = "0.17.2"
 TF = "transformers"
 TF_V = "5.24.0"
 ACCELERATE = "1.15.0"
+PEFT_V = "0.21.2"
 
 PRIVATE_NAMES: tuple[PrivateName, ...] = (
     # torch: what the build supports, read without creating a CUDA context
@@ -154,6 +155,37 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     _n("kernels.variants", "get_variants_local", "call", KERNELS_V, "a cached kernel's builds", only="kernels"),
     _n("kernels.variants", "resolve_variants", "call", KERNELS_V, "which build it would load", only="kernels"),
     _n("kernels.variants", "VariantRejected.reason", "read", KERNELS_V, "why a build is refused", only="kernels"),
+    # training plans (nbhw/core/train): one real training step on meta, under torch's own tracker
+    _n(MEM, "MemTracker._track_module_params_and_buffers", "patch", TORCH, "frozen parameters get no grad hook"),
+    _n(MEM, "MemTracker._pre_fw_hook", "patch", TORCH, "a module's second forward (accumulation, step 2)"),
+    _n(MEM, "MemTracker._update_peak_stats", "patch", TORCH, "the device-wide peak only (per-module: quadratic)"),
+    _n(MEM, "MemTracker()._param_to_grad_hook_handles", "patch", TORCH, "no-op handles for frozen parameters"),
+    _n(MEM, "MemTracker()._mod_tracker", "read", TORCH, "forward or backward, and which decoder layer runs"),
+    _n(MEM, "MemTracker()._curr_mem_snap", "read", TORCH, "the tracker's totals after each op"),
+    _n(MEM, "MemTracker()._peak_mem", "patch", TORCH, "the device-wide peak kept"),
+    _n(MEM, "MemTracker()._peak_mem_snap", "patch", TORCH, "the categories at the peak"),
+    _n(MEM, "_TOTAL_KEY", "read", TORCH, "the total among the tracker's categories"),
+    _n("torch.distributed._tools.mod_tracker", "ModTracker()._known_modules", "read", TORCH, "module -> its name"),
+    _n("torch.utils._foreach_utils", "_get_foreach_kernels_supported_devices", "call", TORCH, "foreach on a GPU"),
+    _n("torch.testing._internal.distributed.fake_pg", "FakeStore", "call", TORCH, "a fake world of N ranks"),
+    _n("torch._subclasses.fake_tensor", "FakeTensorMode", "call", TORCH, "FSDP2's step on fake CPU tensors"),
+    _n(f"{TF}.masking_utils", "find_packed_sequence_indices", "patch", TF_V, "answered: rows are not packed"),
+    _n(TF, "Trainer._mixed_mesh_grad_norm", "call", TF_V, "Trainer's clip of DTensor gradients (TP)"),
+    _n(TF, "Trainer.create_optimizer", "call", TF_V, "the optimizer Trainer makes, with a stand-in self"),
+    _n(TF, "PreTrainedModel.prepare_distribute_model", "call", TF_V, "the TP mesh from_pretrained makes"),
+    _n(TF, "PreTrainedModel.maybe_distribute_model", "call", TF_V, "the TP sharding from_pretrained applies"),
+    _n(f"{TF}.distributed.tensor_parallel", "get_kv_heads_per_rank", "call", TF_V, "heads that split over TP ranks"),
+    _n(f"{TF}.integrations.peft", "MIN_PEFT_VERSION", "read", TF_V, "the peft floor the fix line names"),
+    _n("accelerate.utils.fsdp_utils", "fsdp2_prepare_model", "call", ACCELERATE, "FSDP2 as Trainer applies it"),
+    _n(
+        "peft.tuners.tuners_utils",
+        "_maybe_include_all_linear_layers",
+        "call",
+        PEFT_V,
+        "peft's all-linear rule",
+        only="peft",
+    ),
+    _n(f"{BNB}.nn", "Params4bit._quantize", "call", BNB_V, "QLoRA's 4-bit packing, on meta", only=BNB),
     # accelerate
     _n("accelerate.state", "PartialState._prepare_backend", "source", ACCELERATE, "the distributed backend chosen"),
     _n("accelerate.state", "PartialState.default_device", "source", ACCELERATE, "the device Accelerator() picks"),

@@ -1,0 +1,121 @@
+"""Run a training script under torch's MemTracker and write this rank's peak (test helper).
+
+    torchrun --nproc_per_node 2 tests/train_rank.py OUT_DIR train_nbhw.py
+
+Everything the script allocates is tracked (the tracker is entered before the script runs); the peak of the
+whole run is written to OUT_DIR/rank<RANK>.json with the peak of the training steps alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+from pathlib import Path
+
+
+def main() -> None:
+    import torch
+    from transformers import TrainerCallback
+
+    from nbhw.core.train import step as T
+
+    out, script = Path(sys.argv[1]), sys.argv[2]
+    rank = int(os.environ.get("RANK", "0"))
+    tracker = T.tracker_class()()
+    steps: dict[str, int] = {}
+    wrapped: dict[str, object] = {}
+
+    class StepPeaks(TrainerCallback):  # type: ignore[misc]
+        """The tracker's running peak when each step ends (its peak only grows)."""
+
+        def on_step_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+            tracker.reset_mod_stats()  # MemTracker refuses a second forward of a module it has stats for
+
+        def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+            snap = tracker.get_tracker_snapshot("peak").get(torch.device("cpu"), {})
+            steps[str(state.global_step)] = int(snap.get("Total", 0))
+            model = kwargs.get("model")
+            wrapped.update(
+                model=type(model).__name__,
+                fsdp=[c.__name__ for c in type(model).__mro__][:4],
+                params=sum(T.local_nbytes(p) for p in model.parameters()),
+                storage_excess=storage_excess(model),
+            )
+
+    import transformers
+
+    original_init = transformers.Trainer.__init__
+
+    def init_with_callback(self, *a, **k):  # type: ignore[no-untyped-def]
+        k["callbacks"] = [*(k.get("callbacks") or []), StepPeaks()]
+        original_init(self, *a, **k)
+
+    transformers.Trainer.__init__ = init_with_callback
+    if os.environ.get("NBHW_TEST_FSDP_ON_CPU") == "1":
+        _fsdp_on_cpu()
+    sys.argv = [script]
+    with tracker:
+        runpy.run_path(script, run_name="__main__")
+    peak = tracker.get_tracker_snapshot("peak").get(torch.device("cpu"), {})
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"rank{rank}.json").write_text(
+        json.dumps(
+            {
+                "peak": int(peak.get("Total", 0)),
+                "steps": steps,
+                "model": wrapped,
+                "breakdown": {str(k): int(v) for k, v in peak.items()},
+            }
+        )
+    )
+
+
+def storage_excess(model: object) -> int:
+    """Bytes the parameters' storages hold beyond this rank's own shards. transformers 5.24's TP loading keeps each
+    colwise shard as a narrow view of the whole loaded tensor when the target is the CPU (on a GPU the shard is
+    copied to the device): that excess is the loading's, not the training step's."""
+    storages: dict[int, int] = {}
+    local = 0
+    for p in model.parameters():  # type: ignore[attr-defined]
+        t = p.to_local() if hasattr(p, "to_local") else p
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        local += t.nbytes
+    return sum(storages.values()) - local
+
+
+def _fsdp_on_cpu() -> None:
+    """The fake at the boundary for the CPU test: accelerate turns FSDP on only for multi-accelerator types
+    (MULTI_GPU, MULTI_XPU, ...), never MULTI_CPU, so Trainer(fsdp=True) on CPU silently trains plain DDP.
+    After AcceleratorState decides, give it the FSDP plugin as it would on GPUs; torch's fully_shard itself runs on
+    CPU with gloo."""
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import DistributedType
+
+    original = AcceleratorState.__init__
+
+    def init(self, *a, **k):  # type: ignore[no-untyped-def]
+        original(self, *a, **k)
+        plugin = k.get("fsdp_plugin")
+        if plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
+            self.distributed_type = DistributedType.FSDP
+            self.fsdp_plugin = plugin
+
+    AcceleratorState.__init__ = init
+
+    # Tensor parallelism: accelerate validates Trainer's ParallelismConfig against the same multi-accelerator list.
+    from accelerate.parallelism_config import ParallelismConfig
+
+    validate = ParallelismConfig._validate_accelerator
+
+    def validate_on_cpu(self, accelerator):  # type: ignore[no-untyped-def]
+        if accelerator.distributed_type == DistributedType.MULTI_CPU:
+            return None
+        return validate(self, accelerator)
+
+    ParallelismConfig._validate_accelerator = validate_on_cpu
+
+
+if __name__ == "__main__":
+    main()
