@@ -66,6 +66,14 @@ def _load(args: argparse.Namespace) -> int:
     return 1 if plan.check() else 0
 
 
+def _session_only(args: argparse.Namespace) -> int:
+    """loaded / pin: models live in a notebook's kernel, not in this terminal process."""
+    raise UserError(
+        f"nbhw {args.command}: a terminal process has loaded no model; run %hw {args.command} in the notebook "
+        f"(or nbhw.{args.command}() in the Python that loaded it)"
+    )
+
+
 # One runner per command of the table (nbhw.commands.COMMANDS); a test checks they match.
 RUNNERS = {
     "devices": _devices,
@@ -74,6 +82,8 @@ RUNNERS = {
     "load": _load,
     "report": _report,
     "doctor": _doctor,
+    "loaded": _session_only,
+    "pin": _session_only,
 }
 
 

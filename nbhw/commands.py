@@ -19,6 +19,7 @@ from typing import Any, Literal, NoReturn
 from nbhw.core.advice.arguments import ADVICE_ARGUMENTS
 from nbhw.core.argument import EMIT, JSON, MODEL, OFFLINE, Argument
 from nbhw.core.errors import UserError
+from nbhw.core.measured.arguments import PIN_ARGUMENTS
 from nbhw.core.memory.arguments import MEMORY_ARGUMENTS
 from nbhw.core.plan.arguments import PLAN_ARGUMENTS
 
@@ -62,6 +63,18 @@ COMMANDS = (
         aliases=("plan",),
     ),
     Command("report", "environment report for bug reports", (JSON,)),
+    Command(
+        "loaded",
+        "the transformers models in this session: attention, dtypes, device map, bytes per device, and the plan "
+        "that wrote their cell beside them",
+        (JSON,),
+    ),
+    Command(
+        "pin",
+        "write what ran with a loaded model to a small JSON (versions, arguments, attention, kernels, device map, "
+        "bytes, peaks); %hw load --pinned PATH checks a later run against it",
+        PIN_ARGUMENTS,
+    ),
     Command(
         "doctor",
         "pre-flight checks of the installed binaries: what will fail before memory, when, and the command "

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from IPython import get_ipython
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.display import display
@@ -16,6 +17,7 @@ from nbhw import commands
 from nbhw.core.advice.arguments import ADVICE_ARGUMENTS
 from nbhw.core.argument import given
 from nbhw.core.errors import UserError
+from nbhw.core.measured.arguments import PIN_ARGUMENTS
 from nbhw.core.memory.arguments import MEMORY_ARGUMENTS
 from nbhw.core.plan.arguments import PLAN_ARGUMENTS
 
@@ -121,6 +123,18 @@ class HwMagics(Magics):
         else:
             display(plan)
 
+    def _run_loaded(self, args: argparse.Namespace) -> None:
+        from nbhw import session_models  # lazy: see above
+
+        self._show(session_models.loaded(), args)
+
+    def _run_pin(self, args: argparse.Namespace) -> None:
+        from nbhw import session_models  # lazy: see above
+
+        asked = commands.values(args, PIN_ARGUMENTS)
+        pinned = session_models.pin(asked.get("model"), asked.get("path"))
+        print(f"nbhw: pinned {pinned.data['model_class']} ({pinned.model}) to {pinned.path}")
+
 
 def _memory() -> Any:
     # The sampler and its cell log are imported only by %hw memory / nbhw.monitor(): until then a hook is a lookup.
@@ -139,6 +153,11 @@ def _nbhw_post_run_cell(result: Any) -> None:
     memory = _memory()
     if memory is not None and result is not None:
         memory.cell_finished(result.info, result.execution_count, result.success)
+    shell = get_ipython()
+    if result is not None and shell is not None and "transformers" in sys.modules:
+        from nbhw import session_models  # lazy: only once the user's code imported transformers
+
+        session_models.after_cell(shell, result)  # after the record: the models tie to it
 
 
 CELL_EVENTS = {"pre_run_cell": _nbhw_pre_run_cell, "post_run_cell": _nbhw_post_run_cell}

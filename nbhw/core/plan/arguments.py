@@ -19,6 +19,7 @@ from nbhw.core.dtypes import DTYPE
 from nbhw.core.errors import UserError, one_of
 from nbhw.core.hf import library_source
 from nbhw.core.hf.meta_build import is_hub_kernel, quiet
+from nbhw.core.plan.pinned import check_pinned
 from nbhw.core.render import py_literal
 
 # --quantize word -> the BitsAndBytesConfig flag it sets.
@@ -378,6 +379,13 @@ class PlanArgs:
         metavar="SIZE", check=check_reserve,
         help="memory each accelerator holds outside tensors (CUDA context, cuBLAS workspaces), e.g. 600MiB; "
         "default: nbhw's stated figure for the backend",
+    )  # fmt: skip
+
+    # A pinned run to check this one against: its arguments fill in what the call does not give.
+    pinned: str | None = argument(
+        metavar="PATH", check=check_pinned,
+        help="a JSON file nbhw.pin() / %hw pin wrote: plan that run again (its model and arguments, where not "
+        "given) and compare with what it measured",
     )  # fmt: skip
 
     @property
