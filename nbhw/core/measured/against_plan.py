@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from nbhw.core import render
-from nbhw.core.measured.loaded import LoadedModel, float32_parameters
+from nbhw.core.measured.loaded import LoadedModel
 from nbhw.core.measured.origins import Origin, Run
 from nbhw.core.memory.cell_records import CellMemory, CellRecord
 from nbhw.core.plan.load_plan import LoadPlan
@@ -111,19 +111,24 @@ def _names(names: list[str]) -> str:
     return shown + (f" and {len(names) - SHOWN_NAMES} more" if len(names) > SHOWN_NAMES else "")
 
 
-def _float32(plan: LoadPlan, loaded_float32: list[str]) -> list[Difference]:
+def exceptions(model: Any) -> set[str]:
+    """The parameters whose dtype is not the model's: the modules a dtype plan kept in float32."""
+    dtype = model.dtype
+    return {name for name, p in model.named_parameters() if p.dtype != dtype}
+
+
+def _kept(plan: LoadPlan, loaded_exceptions: set[str]) -> list[Difference]:
     model = plan.meta_model
     if model is None:
         return []
-    planned = set(float32_parameters(model))
-    measured = set(loaded_float32)
-    if planned == measured:
+    planned = exceptions(model)
+    if planned == loaded_exceptions:
         return []
-    extra, missing = sorted(measured - planned), sorted(planned - measured)
+    extra, missing = sorted(loaded_exceptions - planned), sorted(planned - loaded_exceptions)
     words = "; ".join(
         part for part in (f"also {_names(extra)}" if extra else "", f"not {_names(missing)}" if missing else "") if part
     )
-    return [Difference("float32 parameters", f"{len(planned)}", f"{len(measured)} ({words})")]
+    return [Difference("parameters kept float32", f"{len(planned)}", f"{len(loaded_exceptions)} ({words})")]
 
 
 def _device_map(plan: LoadPlan, loaded: LoadedModel) -> list[Difference]:
@@ -168,7 +173,7 @@ def _quantization(plan: LoadPlan, loaded: LoadedModel) -> list[Difference]:
     return [Difference("quantization", f"bitsandbytes {asked}" if asked else "none", method or "none")]
 
 
-def differences(plan: LoadPlan, loaded: LoadedModel, loaded_float32: list[str]) -> list[Difference]:
+def differences(plan: LoadPlan, loaded: LoadedModel, loaded_exceptions: set[str]) -> list[Difference]:
     """Every way the loaded model differs from its plan, and nothing else."""
     out: list[Difference] = []
     planned = planned_attention(plan)
@@ -179,7 +184,7 @@ def differences(plan: LoadPlan, loaded: LoadedModel, loaded_float32: list[str]) 
             out.append(Difference(where, str(planned.get(key)), str(measured.get(key))))
     if plan.dtype != loaded.dtype:
         out.append(Difference("dtype", plan.dtype, loaded.dtype))
-    out += _float32(plan, loaded_float32)
+    out += _kept(plan, loaded_exceptions)
     out += _device_map(plan, loaded)
     out += _bytes(plan, loaded)
     out += _quantization(plan, loaded)
@@ -291,11 +296,11 @@ def _against_pin(pin: Pin, loaded: LoadedModel, peaks: list[PeakCheck]) -> list[
     return lines
 
 
-def compare(plan: LoadPlan, loaded: LoadedModel, loaded_float32: list[str], origin: Origin,
+def compare(plan: LoadPlan, loaded: LoadedModel, loaded_exceptions: set[str], origin: Origin,
             interval: float | None = None) -> Comparison:  # fmt: skip
     """The plan beside the loaded model: differences, peaks, and the pinned run when the plan has one."""
     peaks = _loading_peaks(plan, origin, interval)
     for run in origin.runs:
         peaks += _generate_peaks(plan, loaded, run, interval)
     pinned = tuple(_against_pin(plan.pinned, loaded, peaks)) if plan.pinned is not None else ()
-    return Comparison(plan, tuple(differences(plan, loaded, loaded_float32)), tuple(peaks), pinned)
+    return Comparison(plan, tuple(differences(plan, loaded, loaded_exceptions)), tuple(peaks), pinned)

@@ -11,8 +11,8 @@ from typing import Any
 from nbhw.core import render
 from nbhw.core.argument import to_dict
 from nbhw.core.errors import UserError
-from nbhw.core.measured.against_plan import Comparison, compare
-from nbhw.core.measured.loaded import UNKNOWN, LoadedModel, float32_parameters, inspect, is_model, models_in, rows
+from nbhw.core.measured.against_plan import Comparison, compare, exceptions
+from nbhw.core.measured.loaded import UNKNOWN, LoadedModel, inspect, is_model, models_in, rows
 from nbhw.core.measured.origins import Origin, origin, origins
 from nbhw.core.plan.pinned import FORMAT, FORMAT_VERSION, Pin, installed_versions, write_pin
 
@@ -50,7 +50,7 @@ def entry(model: Any, variable: str, interval: float | None = None) -> Entry:
     loaded = inspect(model, variable, asked_attention=asked)
     comparison = None
     if found is not None and found.plan is not None:
-        comparison = compare(found.plan, loaded, float32_parameters(model), found, interval)
+        comparison = compare(found.plan, loaded, exceptions(model), found, interval)
     return Entry(loaded, found, comparison)
 
 
