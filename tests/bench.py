@@ -1,6 +1,6 @@
 """nbhw against the tools users would pick instead, measured side by side in one run (a benchmark, not a test).
 
-    .venv/bin/python -m tests.bench [--rounds N] [--quick] [--only startup,kernel,memory,plan]
+    .venv/bin/python -m tests.bench [--rounds N] [--quick] [--only startup,kernel,memory,plan,run,panel]
 
 Run it from the repository root: it measures this checkout's nbhw (its children get PYTHONPATH=<root>).
 Every comparison alternates its sides round by round and reports medians; where start-up is what is measured, each
@@ -14,6 +14,10 @@ run is a fresh process, and each kernel round a fresh Jupyter kernel. Sections:
   the same kernel.
 - memory: tests/bench_memory.py: a CPU-bound torch loop with the sampler off / on, bytes per tick, cell hooks.
 - plan: tests/bench_plan.py: a Llama-3-70B-sized config, nbhw.plan vs accelerate's helpers.
+- run: tests/bench_run.py: a Llama-3.1-70B-sized config at 32k tokens on 2 x 80 GiB, the plan with the run (a dry
+  run of generate() on the meta device) against the weights-only plan.
+- panel: tests/bench_panel.py: the Load tab in JupyterLab (chromium): seconds to the first code, to the run
+  estimate, and per dtype change (needs the browser extra; not in the default run's time budget).
 
 The summary at the end puts every figure next to its target (issue 10).
 """
@@ -38,7 +42,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-SECTIONS = ("startup", "kernel", "memory", "plan")
+SECTIONS = ("startup", "kernel", "memory", "plan", "run", "panel")
 
 
 def child_env() -> dict[str, str]:
@@ -403,6 +407,47 @@ def plan_lines(ours: Any, theirs: Any) -> list[Line]:
     ]
 
 
+def run_lines(ours: Any, before: Any) -> list[Line]:
+    """Issue 16's targets: the plan with the run against the weights-only plan of the same process kind."""
+    lines = []
+    for key, target in (("first", 1.5), ("warm", 0.5)):
+        mine, theirs = ours.median(key), before.median(key)
+        lines.append(Line(f"plan 70B-sized at 32k on 2 x 80 GiB with the run, {key}", f"{mine:.3f} s",
+                          f"weights only {theirs:.3f} s", f"{mine / theirs:.2f}x", f"<= {target} s",
+                          mine <= target))  # fmt: skip
+    return lines
+
+
+def panel_lines(found: list[Any]) -> list[Line]:
+    """Issue 16's panel targets, measured in the browser (the run estimate fills in after the code)."""
+    from tests import bench_panel as bpn
+
+    lines = []
+    for f in found:
+        first, change = bpn.median(f.first_code), bpn.median(f.change_code)
+        lines.append(
+            Line(
+                f"Load tab, {f.model}: first code",
+                f"{first:.2f} s",
+                f"run estimate at {bpn.median(f.first_run):.2f} s",
+                "",
+                "<= 1.0 s",
+                first <= 1.0,
+            )
+        )
+        lines.append(
+            Line(
+                f"Load tab, {f.model}: dtype change to code",
+                f"{change:.3f} s",
+                f"run estimate at {bpn.median(f.change_run):.2f} s",
+                "",
+                "<= 0.25 s",
+                change <= 0.25,
+            )
+        )
+    return lines  # fmt: skip
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -468,7 +513,26 @@ def main() -> int:
             print(f"  device_map, {budget}: {same} as accelerate's infer_auto_device_map")
         return plan_lines(ours, theirs)
 
-    steps = {"startup": run_startup, "kernel": run_kernel, "memory": run_memory, "plan": run_plan}
+    def run_run() -> list[Line]:
+        from tests import bench_run as br
+
+        ours, before = br.compare(max(3, rounds // 3), 3 if args.quick else 5, env)
+        print_table(f"Plan with the run: {br.MODEL}-sized config at {br.CONTEXT:,} tokens on 2 x 80 GiB (fresh process "
+                    "per side and round)", br.HEADERS, br.rows(ours, before))  # fmt: skip
+        for line in br.details(ours):
+            print(line)
+        return run_lines(ours, before)
+
+    def run_panel() -> list[Line]:
+        from tests import bench_panel as bpn
+
+        found = bpn.measure(max(2, rounds // 3), 4 if args.quick else 8)
+        print_table("The Load tab in JupyterLab (chromium), a kernel that has imported torch and transformers",
+                    bpn.HEADERS, bpn.rows(found))  # fmt: skip
+        return panel_lines(found)
+
+    steps = {"startup": run_startup, "kernel": run_kernel, "memory": run_memory, "plan": run_plan, "run": run_run,
+             "panel": run_panel}  # fmt: skip
     for name in only:
         summary += steps[name]()
     rows = [[x.measure, x.ours, x.against, x.ratio, x.target, verdict(x.met)] for x in summary]

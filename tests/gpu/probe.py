@@ -257,6 +257,61 @@ def load_facts(model_path: str | None) -> dict[str, Any]:
     }
 
 
+def _process_used(pid: int) -> int | None:
+    """This process's device memory as NVML counts it on GPU 0 (context, workspaces, the caching allocator's pool)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+            if int(p.pid) == pid and p.usedGpuMemory is not None:
+                return int(p.usedGpuMemory)
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def generate_facts(model_path: str, contexts: str) -> dict[str, Any]:
+    """Per context: nbhw's plan on cuda:0 (context tokens, batch 1), then the model loaded and generate() run for real
+    at that context (context - 1 prompt tokens, one new token); torch's peak allocated bytes against the plan's device
+    peak. Then the framework reserve measured: NVML's bytes for this process minus torch's reserved pool."""
+    import torch
+
+    import nbhw
+
+    found: dict[str, Any] = {"runs": []}
+    before = nvml_processes()["used"]  # GPU 0's used bytes before this process has a context
+    model = None
+    for tokens in (int(c) for c in contexts.split(",")):
+        plan = nbhw.plan(model_path, device_map=0, context=tokens)
+        assert plan.placement is not None and plan.estimate is not None
+        share = next(d for d in plan.placement.devices if d.device == "cuda:0")
+        if model is None:
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_pretrained(model_path, device_map=0)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(0)
+        prompt = torch.randint(0, model.config.vocab_size, (1, tokens - 1), device="cuda:0")
+        with torch.no_grad():
+            model.generate(prompt, max_new_tokens=1, min_new_tokens=1, do_sample=False)
+        torch.cuda.synchronize()
+        found["runs"].append({
+            "context": tokens, "planned_peak": share.peak_bytes, "planned_cache": plan.estimate.cache_bytes,
+            "planned_reserve": share.reserve_bytes, "measured_peak": int(torch.cuda.max_memory_allocated(0)),
+            "kernels": plan.run.kernels if plan.run is not None else None,
+        })  # fmt: skip
+    used = _process_used(os.getpid())  # None where NVML can't see this PID (a container's PID namespace)
+    if used is None and before:
+        free, total = torch.cuda.mem_get_info(0)
+        used = total - free - before[0]
+    found["reserve_measured"] = None if used is None else used - int(torch.cuda.memory_reserved(0))
+    found["reserve_stated"] = found["runs"][0]["planned_reserve"]
+    return found
+
+
 def forked_child_in_bad_fork() -> bool:
     """Whether a child forked now finds torch in its bad-fork state (it could not start CUDA)."""
     import torch
@@ -314,6 +369,7 @@ CHECKS = {
     "detect": lambda args: detect_facts(),
     "visible": lambda args: visible_facts(),
     "load": lambda args: load_facts(args[0] if args else None),
+    "generate": lambda args: generate_facts(args[0], args[1]),
 }
 
 

@@ -538,7 +538,10 @@ def plan_notes(plan: LoadPlan, *, run: bool = True) -> list[str]:
     if plan.args.max_memory is not None and not (
         isinstance(plan.args.device_map, str) and plan.weight_placement and plan.weight_placement.strategy
     ):
-        out.append("max_memory only changes anything with device_map auto / balanced / balanced_low_0 / sequential")
+        out.append(
+            "max_memory only changes what transformers does with device_map auto / balanced / balanced_low_0 / "
+            "sequential; nbhw still plans against it as each device's budget"
+        )
     estimate = plan.weight_estimate if plan.config.available else None
     if estimate is not None:
         out += estimate.notes

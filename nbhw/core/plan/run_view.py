@@ -132,8 +132,23 @@ def _training_row(e: Estimate) -> tuple[str, str]:
     )
 
 
+# How the dry run sized each kind of call, in words (dryrun.attention_as_on's names)
+KERNEL_WORDS = {
+    "cuda_flash": "SDPA's CUDA flash kernel",
+    "cuda_efficient": "SDPA's CUDA memory-efficient kernel",
+    "cpu_flash": "SDPA's CPU flash kernel",
+    "math": "SDPA's math path (scores materialized)",
+    "grouped_mm_as_fallback": "grouped_mm as transformers' fallback",
+}
+
+
+def _kernels(run: Any) -> str:
+    calls = [f"{KERNEL_WORDS.get(k, k)} ({n:,} calls)" for k, n in run.kernels.items()]
+    return ", ".join(calls) or "no SDPA call"
+
+
 def _activations(run: Any, e: Estimate) -> str:
-    kernels = ", ".join(f"{k} x{n}" for k, n in run.kernels.items()) or "none"
+    kernels = _kernels(run)
     if run.logits_to_keep:
         return (
             f"{size(e.activation_bytes)} at the prefill's peak above weights and cache (attention sized as "

@@ -1,0 +1,40 @@
+"""On a real NVIDIA GPU: the run planner against generate() at two contexts (issue 16).
+
+A ~1B random-weight model saved locally is planned on cuda:0 at each context, loaded and run through generate() for
+real; torch's peak allocated bytes must be within max(5 %, 256 MiB) of the plan's device peak and never more than
+256 MiB under it. The framework reserve (NVML's bytes for the process minus torch's pool) is measured and recorded
+next to the stated figure.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.gpu.gpuenv import GIB, gpu_only, run_probe
+
+pytestmark = gpu_only()
+
+CONTEXTS = (2048, 16384)
+MIB = 2**20
+SLACK = 256 * MIB
+
+
+@pytest.mark.timeout(600)
+def test_generate_peak_at_two_contexts_is_the_plans_within_5_percent_or_256_mib(
+    billion_model: Path, record_property: Any
+) -> None:
+    facts = run_probe("generate", str(billion_model), ",".join(map(str, CONTEXTS)), timeout=540)
+    for run in facts["runs"]:
+        planned, measured = run["planned_peak"], run["measured_peak"]
+        tolerance = max(0.05 * planned, SLACK)
+        record_property(f"planned_gib_{run['context']}", round(planned / GIB, 3))
+        record_property(f"measured_gib_{run['context']}", round(measured / GIB, 3))
+        record_property(f"kernels_{run['context']}", run["kernels"])
+        assert abs(measured - planned) <= tolerance, run
+        assert measured - planned <= SLACK, f"the plan is under by more than 256 MiB: {run}"
+    record_property("reserve_stated_mib", round(facts["reserve_stated"] / MIB, 1))
+    if facts["reserve_measured"] is not None:
+        record_property("reserve_measured_mib", round(facts["reserve_measured"] / MIB, 1))
