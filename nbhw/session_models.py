@@ -17,7 +17,7 @@ from IPython import get_ipython
 from nbhw.core.argument import checked
 from nbhw.core.measured import origins
 from nbhw.core.measured.arguments import PinArgs
-from nbhw.core.measured.report import Loaded, pick, pin_data
+from nbhw.core.measured.report import Loaded, note_cell_lines, pick, pin_data
 from nbhw.core.measured.report import entry as model_entry
 from nbhw.core.measured.report import loaded as loaded_in
 from nbhw.core.memory.cell_records import CellRecord
@@ -80,5 +80,6 @@ def after_cell(shell: Any, result: Any) -> None:
             shell.user_ns, python, result.execution_count, _record(result.execution_count),
             succeeded=bool(result.success),
         )  # fmt: skip
+        note_cell_lines()  # the Memory tab's lines, here on the main thread rather than in the graph's
     except Exception as exc:  # the user's cell ran; nbhw's bookkeeping failing must not look like their error
         print(f"nbhw: could not note the models this cell loaded: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -284,3 +284,26 @@ def test_a_forward_swapped_by_kernelize_is_named_with_its_kernel() -> None:
     m.c.forward = MethodType(RMSNorm.forward, m.c)  # its fallback: the module's own forward
     swaps = {s.kernel: s.modules for s in kernel_swaps(m)}
     assert swaps == {None: 1, f"{__name__}.{LigerRMSNorm.forward.__qualname__}": 2}
+
+
+# ---------------------------------------------------------------- the Memory tab's line
+
+
+def test_the_memory_tab_shows_a_line_for_the_cell_that_loaded(session: Any) -> None:
+    from nbhw.ui import memory as ui
+
+    run(session, "%hw memory --interval 0.05 --window 60")
+    try:
+        run(session, "import transformers")
+        load = run(session, nbhw.plan().code)
+        view = ui.monitor(interval=0.05, window=60).view()
+        try:
+            with ui.LOCK:
+                view.render(force=True)
+            html = view.table.value
+        finally:
+            view.close()
+    finally:
+        run(session, "%hw memory --stop")
+    assert f'<li data-cell="{load.execution_count}">[{load.execution_count}] loaded model: Qwen3ForCausalLM' in html
+    assert "attention sdpa; as planned; peak " in html and "vs planned" in html

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from nbhw.core import render
+from nbhw.core.cache import Recent
 from nbhw.core.measured.loaded import LoadedModel
 from nbhw.core.measured.origins import Origin, Run
 from nbhw.core.memory.cell_records import CellMemory, CellRecord
@@ -22,6 +23,8 @@ from nbhw.core.plan.load_plan import LoadPlan
 from nbhw.core.plan.pinned import Pin, device_key, installed_versions, planned_bytes, signed
 
 DEFAULT_ATTENTION = "sdpa"
+# Plans at the sizes cells really ran (their dry runs are what is slow), by (the plan's id, batch, context).
+_SIZED: Recent[LoadPlan] = Recent(16)
 SHOWN_NAMES = 4
 
 
@@ -204,13 +207,14 @@ def _measured_by(memory: CellMemory, interval: float | None) -> str:
 
 
 def plan_at(plan: LoadPlan, batch: int, tokens: int) -> LoadPlan:
-    """The same plan at another size (a dry run at ``batch x tokens``)."""
+    """The same plan at another size (a dry run at ``batch x tokens``, kept for the next time it is asked)."""
     if batch == plan.batch and tokens == plan.context:
         return plan
     context = max(tokens, 2)
     if plan.context_limit:
         context = min(context, plan.context_limit)
-    return LoadPlan(plan.model, replace(plan.args, batch=batch, context=context), offline=plan.offline)
+    made = LoadPlan(plan.model, replace(plan.args, batch=batch, context=context), offline=plan.offline)
+    return _SIZED.get((id(plan), batch, context), lambda: made)
 
 
 def _run_peak(plan: LoadPlan, device: str) -> int | None:

@@ -14,6 +14,7 @@ from nbhw.core.errors import UserError
 from nbhw.core.measured.against_plan import Comparison, compare, exceptions
 from nbhw.core.measured.loaded import UNKNOWN, LoadedModel, inspect, is_model, models_in, rows
 from nbhw.core.measured.origins import Origin, origin, origins
+from nbhw.core.measured.origins import version as origins_version
 from nbhw.core.plan.pinned import FORMAT, FORMAT_VERSION, Pin, installed_versions, write_pin
 
 
@@ -120,22 +121,44 @@ def cell_lines() -> dict[int, list[str]]:
     for model, o in origins():
         if o.execution_count is None:
             continue
-        e = entry(model, o.variable)
-        where = render.size(e.loaded.total_bytes)
-        line = (
-            f"loaded {o.variable}: {e.loaded.model_class} {where} ({', '.join(d.device for d in e.loaded.devices)}), "
-        )
-        line += f"attention {e.loaded.main_attention}"
-        if e.comparison is not None:
-            diffs = len(e.comparison.differences)
-            line += "; as planned" if not diffs else f"; {diffs} difference{'s' if diffs > 1 else ''} from the plan"
-            first = [p for p in e.comparison.peaks if p.cell == o.execution_count]
-            if first:
-                p = first[0]
-                pct = "" if p.percent is None else f" ({p.percent:+.0f} %)"
-                line += f"; peak {render.size(p.measured)} vs planned {render.size(p.planned)}{pct}"
-        found.setdefault(o.execution_count, []).append(line)
+        found.setdefault(o.execution_count, []).append(_cell_line(entry(model, o.variable), o))
     return found
+
+
+def _cell_line(e: Entry, o: Origin) -> str:
+    devices = ", ".join(d.device for d in e.loaded.devices)
+    line = f"loaded {o.variable}: {e.loaded.model_class} {render.size(e.loaded.total_bytes)} ({devices}), "
+    line += f"attention {e.loaded.main_attention}"
+    if e.loaded.silent_fallback and o.asked_attention is None:
+        line += " (silent fallback from sdpa)"
+    if e.comparison is None:
+        return line + ("" if o.plan is not None else "; not a cell nbhw's plan wrote")
+    diffs = len(e.comparison.differences)
+    line += "; as planned" if not diffs else f"; {diffs} difference{'s' if diffs > 1 else ''} from the plan"
+    first = [p for p in e.comparison.peaks if p.cell == o.execution_count]
+    if first:
+        p = first[0]
+        pct = "" if p.percent is None else f" ({p.percent:+.0f} %)"
+        line += f"; peak {render.size(p.measured)} vs planned {render.size(p.planned)}{pct}"
+    return line
+
+
+# The lines as of the last cell that changed an origin, computed on the main thread after that cell (the memory
+# graph's thread only reads them): (origins' version they were made at, the lines).
+_noted: list[Any] = [-1, {}]
+
+
+def note_cell_lines() -> None:
+    """Recompute the Memory tab's lines if a cell loaded or ran a model since the last time."""
+    now = origins_version()
+    if now != _noted[0]:
+        _noted[:] = [now, cell_lines()]
+
+
+def noted_cell_lines() -> tuple[int, dict[int, list[str]]]:
+    """The lines as last noted, and the version they were made at (never computes)."""
+    version, lines = _noted
+    return int(version), dict(lines)
 
 
 # ---------------------------------------------------------------- pin
