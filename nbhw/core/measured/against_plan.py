@@ -203,7 +203,8 @@ def _measured_by(memory: CellMemory, interval: float | None) -> str:
     if memory.peak_from == "allocator":
         return f"{memory.trace}, the allocator's peak"
     every = f" every {interval:g} s" if interval else ""
-    return f"{memory.trace} sampled{every}: a shorter peak can be missed"
+    what = "; it counts all the process allocated, not only tensors" if memory.device == "host" else ""
+    return f"{memory.trace} sampled{every}: a shorter peak can be missed{what}"
 
 
 def plan_at(plan: LoadPlan, batch: int, tokens: int) -> LoadPlan:
