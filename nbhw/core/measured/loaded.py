@@ -42,27 +42,34 @@ def is_model(value: object) -> bool:
 def models_in(namespace: Mapping[str, Any]) -> dict[str, Any]:
     """Variable -> model for every transformers model a namespace holds, each once: its own names first, then the
     ``.model`` of a pipeline or a Trainer held there ("pipe.model")."""
-    if transformers_model_class() is None:
+    base = transformers_model_class()
+    if base is None:
         return {}
     found: dict[str, Any] = {}
+    holders: list[tuple[str, Any]] = []
     seen: set[int] = set()
-    items = [(k, v) for k, v in list(namespace.items()) if not k.startswith("_")]
-    for name, value in items:
-        if is_model(value) and id(value) not in seen:
-            found[name] = value
-            seen.add(id(value))
-    for name, value in items:
-        inner = getattr(value, "model", None) if not is_model(value) and _holds_model(value) else None
-        if inner is not None and is_model(inner) and id(inner) not in seen:
+    for name, value in list(namespace.items()):
+        if name.startswith("_"):
+            continue
+        if isinstance(value, base):
+            if id(value) not in seen:
+                found[name] = value
+                seen.add(id(value))
+        elif _holds_model(value):
+            holders.append((name, value))
+    for name, value in holders:
+        inner = getattr(value, "model", None)
+        if isinstance(inner, base) and id(inner) not in seen:
             found[f"{name}.model"] = inner
             seen.add(id(inner))
     return found
 
 
 def _holds_model(value: object) -> bool:
-    # Only the classes users keep a model in (a pipeline, a Trainer): no property of other objects is run.
-    root = type(value).__module__.split(".")[0]
-    return root in ("transformers", "trl", "peft")
+    # Only the classes users keep a model in (a pipeline, a Trainer, trl's trainers): no attribute of any other
+    # object is read, so no property or __getattr__ of the user's objects runs.
+    cls = type(value)
+    return cls.__name__.endswith(("Pipeline", "Trainer")) and cls.__module__.startswith(("transformers.", "trl."))
 
 
 # ---------------------------------------------------------------- the facts

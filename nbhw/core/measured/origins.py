@@ -151,16 +151,25 @@ def loading_keywords(tree: ast.Module, variable: str) -> tuple[str | None, dict[
 
 def generate_targets(tree: ast.Module, variable: str) -> list[str] | None:
     """The names the cell assigns ``variable.generate(...)`` to ([] when it discards the result); None: no call."""
-    found: list[str] | None = None
+    owner = variable.split(".", maxsplit=1)[0]
+    calls = {id(n) for n in ast.walk(tree) if _generates(n, owner)}
+    if not calls:
+        return None
+    found: list[str] = []
     for node in ast.walk(tree):
-        for call in _calls(node, "generate") if isinstance(node, ast.Assign | ast.Expr) else []:
-            owner = call.func.value if isinstance(call.func, ast.Attribute) else None
-            if not (isinstance(owner, ast.Name) and owner.id == variable.split(".", maxsplit=1)[0]):
-                continue
-            found = found or []
-            if isinstance(node, ast.Assign):
-                found += [t.id for t in node.targets if isinstance(t, ast.Name)]
+        if isinstance(node, ast.Assign) and id(node.value) in calls:
+            found += [t.id for t in node.targets if isinstance(t, ast.Name)]
     return found
+
+
+def _generates(node: ast.AST, owner: str) -> bool:
+    func = node.func if isinstance(node, ast.Call) else None
+    return (
+        isinstance(func, ast.Attribute)
+        and func.attr == "generate"
+        and isinstance(func.value, ast.Name)
+        and func.value.id == owner
+    )
 
 
 def generated_size(value: Any) -> tuple[int | None, int | None]:
@@ -201,10 +210,12 @@ def after_cell(
     models = models_in(namespace)
     if not models:
         return []
-    tree = _parse(source)
-    made: list[Origin] = []
     with _lock:
         known = dict(_origins.items())
+    if all(m in known for m in models.values()) and "generate" not in source:
+        return []  # nothing new, and no run to note: the cell's source is not even parsed
+    tree = _parse(source)
+    made: list[Origin] = []
     for variable, model in models.items():
         found = known.get(model)
         if found is None:
