@@ -115,9 +115,10 @@ def _names(names: list[str]) -> str:
 
 
 def exceptions(model: Any) -> set[str]:
-    """The parameters whose dtype is not the model's: the modules a dtype plan kept in float32."""
+    """The floating-point parameters whose dtype is not the model's: the modules a dtype plan kept in float32
+    (a quantizer's packed integers are not among them)."""
     dtype = model.dtype
-    return {name for name, p in model.named_parameters() if p.dtype != dtype}
+    return {name for name, p in model.named_parameters() if p.dtype.is_floating_point and p.dtype != dtype}
 
 
 def _kept(plan: LoadPlan, loaded_exceptions: set[str]) -> list[Difference]:

@@ -333,7 +333,9 @@ def kernel_swaps(model: Any) -> tuple[KernelSwap, ...]:
     return tuple(KernelSwap(layer, n, kernel) for (layer, kernel), n in sorted(found.items(), key=str))
 
 
-_LIBRARY_MODULES = re.compile(r"^(torch|transformers\.models)(\.|$)")
+# Modules of torch and transformers are the model's own; a quantizer's come from its library or transformers'
+# integrations (bitsandbytes.nn.Linear4bit, transformers.integrations.finegrained_fp8.FP8Linear).
+_LIBRARY_MODULES = re.compile(r"^(torch|transformers(?!\.integrations))(\.|$)")
 
 
 def quantization_of(model: Any) -> Quantization | None:
@@ -342,8 +344,8 @@ def quantization_of(model: Any) -> Quantization | None:
     if quantizer is None:
         return None
     config = getattr(quantizer, "quantization_config", None)
-    method = str(getattr(config, "quant_method", None) or type(quantizer).__name__)
-    method = getattr(method, "value", method)
+    found = getattr(config, "quant_method", None)
+    method = str(getattr(found, "value", found) or type(quantizer).__name__)  # an enum: its value, "bitsandbytes"
     replaced: dict[str, int] = {}
     for _, module in model.named_modules():
         cls = type(module)
