@@ -67,10 +67,10 @@ def _load(args: argparse.Namespace) -> int:
 
 
 def _session_only(args: argparse.Namespace) -> int:
-    """loaded / pin: models live in a notebook's kernel, not in this terminal process."""
+    """holders, free, loaded and pin read the running session's tensors and models: a new process has none."""
     raise UserError(
-        f"nbhw {args.command}: a terminal process has loaded no model; run %hw {args.command} in the notebook "
-        f"(or nbhw.{args.command}() in the Python that loaded it)"
+        f"nbhw {args.command}: only inside a running Python session (%hw {args.command} in IPython or Jupyter, "
+        f"nbhw.{args.command}() in Python); a new `python -m nbhw` process holds none of your tensors"
     )
 
 
@@ -82,6 +82,8 @@ RUNNERS = {
     "load": _load,
     "report": _report,
     "doctor": _doctor,
+    "holders": _session_only,
+    "free": _session_only,
     "loaded": _session_only,
     "pin": _session_only,
 }

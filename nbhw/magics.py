@@ -18,7 +18,8 @@ from nbhw.core.advice.arguments import ADVICE_ARGUMENTS
 from nbhw.core.argument import given
 from nbhw.core.errors import UserError
 from nbhw.core.measured.arguments import PIN_ARGUMENTS
-from nbhw.core.memory.arguments import MEMORY_ARGUMENTS
+from nbhw.core.memory.arguments import FREE_ARGUMENTS, HOLDERS_ARGUMENTS, MEMORY_ARGUMENTS
+from nbhw.core.memory.out_of_memory import is_out_of_memory
 from nbhw.core.plan.arguments import PLAN_ARGUMENTS
 
 
@@ -123,16 +124,26 @@ class HwMagics(Magics):
         else:
             display(plan)
 
-    def _run_loaded(self, args: argparse.Namespace) -> None:
-        from nbhw import session_models  # lazy: see above
+    def _run_holders(self, args: argparse.Namespace) -> None:
+        from nbhw import session  # lazy: see above
 
-        self._show(session_models.loaded(), args)
+        self._show(session.shell_holders(self.shell, **commands.values(args, HOLDERS_ARGUMENTS)), args)
+
+    def _run_free(self, args: argparse.Namespace) -> None:
+        from nbhw import session  # lazy: see above
+
+        self._show(session.shell_free(self.shell, **commands.values(args, FREE_ARGUMENTS)), args)
+
+    def _run_loaded(self, args: argparse.Namespace) -> None:
+        from nbhw import session  # lazy: see above
+
+        self._show(session.loaded(), args)
 
     def _run_pin(self, args: argparse.Namespace) -> None:
-        from nbhw import session_models  # lazy: see above
+        from nbhw import session  # lazy: see above
 
         asked = commands.values(args, PIN_ARGUMENTS)
-        pinned = session_models.pin(asked.get("model"), asked.get("path"))
+        pinned = session.pin(asked.get("model"), asked.get("path"))
         print(f"nbhw: pinned {pinned.data['model_class']} ({pinned.model}) to {pinned.path}")
 
 
@@ -149,15 +160,26 @@ def _nbhw_pre_run_cell(info: Any) -> None:
 
 
 def _nbhw_post_run_cell(result: Any) -> None:
-    """Per-cell memory: the cell ended (main thread); ``result.info`` is the object pre_run_cell saw."""
+    """Per-cell memory: the cell ended (main thread); ``result.info`` is the object pre_run_cell saw.
+
+    After a cell that ran out of memory, the report below its error; once transformers is imported, the models
+    that appeared are tied to this cell (nbhw.loaded()); any other cell costs an attribute read.
+    """
     memory = _memory()
     if memory is not None and result is not None:
         memory.cell_finished(result.info, result.execution_count, result.success)
+    error = getattr(result, "error_in_exec", None)
+    out_of_memory = error is not None and is_out_of_memory(error)
     shell = get_ipython()
-    if result is not None and shell is not None and "transformers" in sys.modules:
-        from nbhw import session_models  # lazy: only once the user's code imported transformers
+    models = result is not None and shell is not None and "transformers" in sys.modules
+    if out_of_memory or models:
+        # lazy: only a cell that ran out of memory, or once the user's code imported transformers (models exist)
+        from nbhw import session
 
-        session_models.after_cell(shell, result)  # after the record: the models tie to it
+        if models:
+            session.after_cell(shell, result)  # after the record: the models tie to it
+        if out_of_memory:
+            session.show_out_of_memory(result)
 
 
 CELL_EVENTS = {"pre_run_cell": _nbhw_pre_run_cell, "post_run_cell": _nbhw_post_run_cell}
