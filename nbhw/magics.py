@@ -112,7 +112,7 @@ class HwMagics(Magics):
             display(plan.view(code=False))
         elif args.json:
             print(json.dumps(plan.to_dict(), indent=2))
-        elif in_kernel(self.shell):
+        elif in_kernel(self.shell) and plan.args.pinned is None:  # a pinned run shows beside the report, not a tab
             from nbhw.ui.panel import panel  # ipywidgets and plotly: only when a panel is asked for
 
             # The words as the plan read them ("half" is float16), for the arguments the line gave.

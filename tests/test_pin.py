@@ -170,3 +170,12 @@ def test_the_magic_and_the_cli_say_a_bad_pin_in_one_line(ip: Any, tmp_path: Path
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300,
     )  # fmt: skip
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "the top level is not an object" in done.stderr
+
+
+def test_hw_load_pinned_shows_the_plan_beside_the_pinned_run(session: Any, pinned: Path) -> None:
+    from IPython.utils.capture import capture_output
+
+    with capture_output() as shown:
+        run(session, f"%hw load --pinned {pinned}")
+    text = shown.stdout + "".join(o.data.get("text/plain", "") for o in shown.outputs)
+    assert f"Pinned run ({pinned})" in text
