@@ -301,12 +301,17 @@ def test_the_memory_tab_shows_a_line_for_the_cell_that_loaded(session: Any) -> N
             with ui.LOCK:
                 view.render(force=True)
             html = view.table.value
+            run(session, "model = None\nimport gc\ngc.collect()")  # the model is gone: so is its line
+            with ui.LOCK:
+                view.render(force=True)
+            after = view.table.value
         finally:
             view.close()
     finally:
         run(session, "%hw memory --stop")
     assert f'<li data-cell="{load.execution_count}">[{load.execution_count}] loaded model: Qwen3ForCausalLM' in html
     assert "attention sdpa; as planned; peak " in html and "vs planned" in html
+    assert "loaded model" not in after
 
 
 @pytest.fixture(scope="module")

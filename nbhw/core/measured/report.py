@@ -145,20 +145,21 @@ def _cell_line(e: Entry, o: Origin) -> str:
 
 # The lines as of the last cell that changed an origin, computed on the main thread after that cell (the memory
 # graph's thread only reads them): (origins' version they were made at, the lines).
-_noted: list[Any] = [-1, {}]
+_noted: list[Any] = [None, {}]
+_noted_count = [0]
 
 
 def note_cell_lines() -> None:
-    """Recompute the Memory tab's lines if a cell loaded or ran a model since the last time."""
-    now = origins_version()
+    """Recompute the Memory tab's lines if a cell loaded or ran a model, or a model was deleted, since last time."""
+    now = (origins_version(), len(origins()))
     if now != _noted[0]:
         _noted[:] = [now, cell_lines()]
+        _noted_count[0] += 1
 
 
 def noted_cell_lines() -> tuple[int, dict[int, list[str]]]:
-    """The lines as last noted, and the version they were made at (never computes)."""
-    version, lines = _noted
-    return int(version), dict(lines)
+    """The lines as last noted, and how many times they were noted (never computes)."""
+    return _noted_count[0], dict(_noted[1])
 
 
 # ---------------------------------------------------------------- pin
