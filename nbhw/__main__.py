@@ -10,13 +10,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from nbhw import commands
-from nbhw.core.advice.arguments import ADVICE_ARGUMENTS
+from nbhw.core.advice import quantization
+from nbhw.core.advice.arguments import ADVICE_ARGUMENTS, QUANTIZATION_ARGUMENTS
 from nbhw.core.advice.attention import advise
 from nbhw.core.argument import given
 from nbhw.core.errors import UserError
 from nbhw.core.hardware.detect import detect
 from nbhw.core.hardware.doctor import doctor
 from nbhw.core.hardware.report import report
+from nbhw.core.hardware.targets import targets
 from nbhw.core.plan.load_plan import from_words
 
 
@@ -57,6 +59,16 @@ def _attention(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quantization(args: argparse.Namespace) -> int:
+    _printed(quantization.advise(args.model, offline=args.offline, **given(args, QUANTIZATION_ARGUMENTS)), args)
+    return 0
+
+
+def _targets(args: argparse.Namespace) -> int:
+    _printed(targets(args.vendor), args)
+    return 0
+
+
 def _load(args: argparse.Namespace) -> int:
     plan = from_words(args)
     if args.emit:
@@ -80,6 +92,8 @@ RUNNERS = {
     "memory": _memory,
     "attention": _attention,
     "load": _load,
+    "quantization": _quantization,
+    "targets": _targets,
     "report": _report,
     "doctor": _doctor,
     "holders": _session_only,

@@ -16,9 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
 
-from nbhw.core.advice.arguments import ADVICE_ARGUMENTS
+from nbhw.core.advice.arguments import ADVICE_ARGUMENTS, QUANTIZATION_ARGUMENTS
 from nbhw.core.argument import EMIT, JSON, MODEL, OFFLINE, Argument
 from nbhw.core.errors import UserError
+from nbhw.core.hardware.targets import VENDOR
 from nbhw.core.measured.arguments import PIN_ARGUMENTS
 from nbhw.core.memory.arguments import FREE_ARGUMENTS, HOLDERS_ARGUMENTS, MEMORY_ARGUMENTS
 from nbhw.core.plan.arguments import PLAN_ARGUMENTS
@@ -71,6 +72,13 @@ COMMANDS = (
         (MODEL, *PLAN_ARGUMENTS, OFFLINE, EMIT, JSON),
         aliases=("plan",),
     ),
+    Command(
+        "quantization",
+        "every quantization method transformers knows: works or not here and on a target, why, the fix, "
+        "the weight bytes and the quantization_config code",
+        (MODEL, *QUANTIZATION_ARGUMENTS, OFFLINE, JSON),
+    ),
+    Command("targets", "the accelerators nbhw can plan for without having them (--target NAME)", (VENDOR, JSON)),
     Command("report", "environment report for bug reports", (JSON,)),
     Command(
         "loaded",

@@ -14,7 +14,7 @@ from IPython.display import display
 from traitlets import Float
 
 from nbhw import commands
-from nbhw.core.advice.arguments import ADVICE_ARGUMENTS
+from nbhw.core.advice.arguments import ADVICE_ARGUMENTS, QUANTIZATION_ARGUMENTS
 from nbhw.core.argument import given
 from nbhw.core.errors import UserError
 from nbhw.core.measured.arguments import PIN_ARGUMENTS
@@ -102,6 +102,17 @@ class HwMagics(Magics):
         from nbhw.core.advice.attention import advise  # lazy: see above
 
         self._show(advise(args.model, offline=args.offline, **given(args, ADVICE_ARGUMENTS)), args)
+
+    def _run_quantization(self, args: argparse.Namespace) -> None:
+        from nbhw.core.advice import quantization  # lazy: see above
+
+        found = quantization.advise(args.model, offline=args.offline, **given(args, QUANTIZATION_ARGUMENTS))
+        self._show(found, args)
+
+    def _run_targets(self, args: argparse.Namespace) -> None:
+        from nbhw.core.hardware.targets import targets  # lazy: see above
+
+        self._show(targets(args.vendor), args)
 
     def _run_load(self, args: argparse.Namespace) -> None:
         from nbhw.core.plan.load_plan import from_words  # lazy: see above

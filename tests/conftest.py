@@ -83,3 +83,20 @@ def no_nbhw_threads_left() -> Iterator[None]:
     yield
     left = [t.name for t in threading.enumerate() if t.name.startswith("nbhw") and t.is_alive()]
     assert not left, f"nbhw threads left running: {left}"
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A 2-layer Llama with hidden 256 (1.8M parameters) in bfloat16, saved locally: wide enough for every
+    quantization format's blocks and groups (bitsandbytes 64, quanto 128)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    config = LlamaConfig(
+        vocab_size=512, hidden_size=256, intermediate_size=768, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, max_position_embeddings=256,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+    return str(folder)

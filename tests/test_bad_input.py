@@ -64,6 +64,10 @@ MISSING = ["./nope", "/does/not/exist", "~/nope-nbhw", "../../etc/passwd", "C:\\
 ODD_IDS = ['a"b/c', "org/na'me", "org/na\nme", "ünï/cödé", "org/" + "x" * 200, "a/b/c", "org//x", "-x", "--",
            "org/x\x00", "org/x y", "org/😀", "'", '"', "\\", "$(id)", "`id`", ";", "|", "org/x;ls",
            "🤗/model"]  # fmt: skip
+TARGETS = ["T4", "2x H100", "2 x H100-80GB", "2×RTX4090", "rtx-4090", "4x A100-40GB", "8x MI300X", "Gaudi 2",
+           "64x T4", "H1000", "0x H100", "3.5x A100", "65x H100", "-1x T4", "A100", "M3 Max", "2x M3 Max 128GB", "",
+           "x", "2x", "MI300"]  # fmt: skip
+TARGET_LIKE = r"([0-9.-]{0,3} ?[x×*]? ?)?[A-Za-z]{0,6}[ -]?[0-9]{0,4}(GB)?"
 FILES = ["/etc/hostname", "/dev/null", __file__]
 HUB_UNCACHED = ["nbhw-test/not-cached", "org/uncached-model", "gpt2-nbhw-not-here"]
 QUOTES = ['"', "'", '"unbalanced', "'a b'", '"a\\"b"', "\\", '""', "''"]
@@ -142,10 +146,23 @@ SUBCOMMAND_WORDS: dict[str, st.SearchStrategy[list[str]]] = {
             option("--device", either(BAD_DEVICES + GOOD_DEVICES, DEVICE_LIKE)),
             option("--dtype", st.one_of(st.sampled_from(DTYPES), RANDOM_WORDS)),
             option("--kernel", either(KERNELS, r"[A-Za-z0-9_./:@ -]{0,24}")),
+            option("--target", either(TARGETS, TARGET_LIKE)),
             st.just(["--offline"]),
             st.just(["--json"]),
         ),
     ).map(lambda t: t[0] + t[1]),
+    "quantization": st.tuples(
+        st.one_of(st.just([]), models().map(lambda m: [m])),
+        optional(
+            option("--target", either(TARGETS, TARGET_LIKE)),
+            option("--dtype", st.one_of(st.sampled_from(DTYPES), RANDOM_WORDS)),
+            st.just(["--offline"]),
+            st.just(["--json"]),
+        ),
+    ).map(lambda t: t[0] + t[1]),
+    "targets": optional(
+        option("--vendor", either(["AMD", "nvidia", "Apple", "acme", ""], r"[A-Za-z]{0,8}")), st.just(["--json"])
+    ),
     "holders": optional(
         option("--device", either(BAD_DEVICES + GOOD_DEVICES, DEVICE_LIKE)),
         st.just(["--json"]),
@@ -172,7 +189,8 @@ def load_words(last: list[str]) -> st.SearchStrategy[list[str]]:
             option("--dtype", st.one_of(st.sampled_from(DTYPES), RANDOM_WORDS)),
             option("--attn", either(ATTNS, r"(paged\|)?[a-z_/:@-]{0,20}")),
             st.just(["--kernels"]),
-            option("--quantize", st.sampled_from(["4bit", "8bit", "2bit", "4BIT", ""])),
+            option("--quantize", st.sampled_from(["4bit", "8bit", "2bit", "4BIT", "", "quanto", "awq", "hqq"])),
+            option("--target", either(TARGETS, TARGET_LIKE)),  # with --max-memory too: a one-line conflict
             st.tuples(
                 st.just("--max-memory"),
                 st.lists(
@@ -198,6 +216,8 @@ CLI_WORDS = {
     "report": SUBCOMMAND_WORDS["report"],
     "doctor": SUBCOMMAND_WORDS["doctor"],
     "attention": SUBCOMMAND_WORDS["attention"],
+    "quantization": SUBCOMMAND_WORDS["quantization"],
+    "targets": SUBCOMMAND_WORDS["targets"],
     "plan": load_words([]).flatmap(lambda ws: st.sampled_from([ws, [*ws, "--json"]])),
 }
 
@@ -345,6 +365,9 @@ ONE_VALUE: dict[str, tuple[str, st.SearchStrategy[str]]] = {
     "load --dtype": ("load TINY --emit --dtype {}", st.one_of(st.sampled_from(DTYPES), RANDOM_WORDS)),
     "load --attn": ("load TINY --emit --attn {}", either(ATTNS, r"(paged\|)?[a-z_/:@-]{0,20}")),
     "load --quantize": ("load TINY --emit --quantize {}", st.one_of(st.sampled_from(["4bit", "8bit"]), RANDOM_WORDS)),
+    "attention --target": ("attention --target {}", either(TARGETS, TARGET_LIKE)),
+    "quantization --target": ("quantization --target {}", either(TARGETS, TARGET_LIKE)),
+    "load --target": ("load TINY --emit --target {}", either(TARGETS, TARGET_LIKE)),
     "load --max-memory": (
         "load TINY --emit --max-memory {}",
         st.tuples(either(["0", "1", "cpu", "disk", "mps", "-1", ""], DEVICE_LIKE), SIZES).map("=".join),

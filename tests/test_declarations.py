@@ -30,6 +30,7 @@ from nbhw.ui.worker import Worker
 PLAN_NAMES = {a.name for a in PLAN_ARGUMENTS}
 # A value for each argument that makes it show in the emitted cell (the tiny model's config names bfloat16).
 SHOWN = {
+    "target": "T4",
     "dtype": "float16",
     "device_map": "sequential",
     "max_memory": {"cpu": "2GiB"},
@@ -71,8 +72,10 @@ def test_every_argument_is_a_keyword_of_plan_panel_and_to_dict() -> None:
     assert set(inspect.signature(nbhw.plan).parameters) == PLAN_NAMES | {"model", "offline"}
     panel_keywords = set(inspect.signature(nbhw.panel).parameters) - {"model", "offline", "tab", "interval", "window"}
     assert panel_keywords == set(CONTROLS) == {a.name for a in PLAN_ARGUMENTS if a.control}
-    assert set(nbhw.plan(**SHOWN).to_dict()["arguments"]) == PLAN_NAMES
-    with pytest.raises(nbhw.UserError, match="unknown argument 'bogus'; valid: dtype, device_map"):
+    # (target and max_memory both set the budget, so one plan can't take both)
+    assert set(nbhw.plan(**{k: v for k, v in SHOWN.items() if k != "target"}).to_dict()["arguments"]) == PLAN_NAMES
+    assert nbhw.plan(target=SHOWN["target"]).to_dict()["arguments"]["target"] == "T4"
+    with pytest.raises(nbhw.UserError, match="unknown argument 'bogus'; valid: target, dtype, device_map"):
         nbhw.plan(bogus=1)
 
 

@@ -32,17 +32,13 @@ from nbhw.core.hardware.detect import detect
 from nbhw.core.hardware.findings import Finding, Gpu, Preflight, System, TorchFacts, Trigger
 from nbhw.core.hardware.report import SCHEMA_PATH, report
 from nbhw.core.hf.private_names import PRIVATE_NAMES, resolve
+from tests.dists import BITSANDBYTES, KERNELS, TEST_DISTS
 from tests.fake_binaries import fatbin, write_distribution, write_elf
 from tests.fakes import FakeGpu, FakeHardware
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"
 TORCH_LIB = Path(torch.__file__).parent / "lib"
-# Where scripts/setup.sh installs the real wheels these tests put on sys.path one test at a time (not in the venv:
-# installed there they would change what "this machine" is for every other test).
-TEST_DISTS = Path(os.environ.get("NBHW_TEST_DISTS") or Path(sys.prefix) / "nbhw-test-dists")
-BITSANDBYTES = TEST_DISTS / "bitsandbytes-0.50.2"
-KERNELS = TEST_DISTS / "kernels-0.17.2"
 
 # Symbols this torch (2.13.0+cpu) exports, checked by test_real_torch_exports_are_found.
 C10_DTOR = "_ZN3c1010TensorImplD2Ev"

@@ -107,8 +107,9 @@ def request(**changes: Any) -> F.FitRequest:
     return F.FitRequest(**(values | changes))
 
 
-def test_the_run_planners_slot_takes_a_fit_request_and_answers_fixes_none_yet() -> None:
-    """The interface the run planner (issue 16) fills: FitRequest in, Fixes out; in this version it answers none."""
+def test_the_run_planners_slot_takes_a_fit_request_and_answers_fixes() -> None:
+    """The interface the run planner fills (tests/test_oom_fixes.py: its fixes on a real generate()): FitRequest in,
+    Fixes out; a request with no generate() call in it gets none."""
     signature = inspect.signature(F.run_planner_fixes)
     assert list(signature.parameters) == ["request"]
     assert signature.parameters["request"].annotation in (F.FitRequest, "FitRequest")

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from transformers.integrations.accelerate import expand_device_map
-from transformers.utils import import_utils
 
 import nbhw
+from nbhw.core.advice.quantization_methods import method_key, plan_words
 from nbhw.core.advice.status import Status
 from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.core.plan import load_form
@@ -56,38 +54,22 @@ def test_choices_on_this_cpu_machine_come_from_detection_and_the_advisor(tiny: s
     assert [(f.key, f.device) for f in choices.memory] == [(str(k), str(k)) for k in live_memory().max_memory]
 
 
-def test_quantization_is_offered_only_where_bitsandbytes_can_run(
-    tiny: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
-) -> None:
-    if not import_utils.is_bitsandbytes_available():
-        choices = load_form.choices(tiny)
-        assert values(choices.options["quantization"]) == [None]
-        assert "bitsandbytes" in choices.notes["quantization"] and "not installed" in choices.notes["quantization"]
-    # A bitsandbytes install (package and metadata) whose backends transformers then checks against the devices.
-    package = tmp_path / "bitsandbytes"
-    package.mkdir()
-    (package / "__init__.py").write_text("supported_torch_devices = {'cpu'}\n")
-    meta = tmp_path / "bitsandbytes-0.48.0.dist-info"
-    meta.mkdir()
-    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: bitsandbytes\nVersion: 0.48.0\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    spec = importlib.util.spec_from_file_location("bitsandbytes", package / "__init__.py")
-    assert spec is not None and spec.loader is not None
-    bitsandbytes = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bitsandbytes)
-    monkeypatch.setitem(sys.modules, "bitsandbytes", bitsandbytes)
-    from transformers.integrations import bitsandbytes as hf_bnb
+def test_the_quantization_dropdown_is_fed_by_the_quantization_rows(tiny: str) -> None:
+    here = nbhw.quantization()
+    offered = load_form.choices(tiny).options["quantization"]
+    assert values(offered) == [None, *plan_words()]  # every method transformers quantizes on load
+    for option in offered[1:]:
+        row = here.row(method_key(option.value))
+        assert option.ok == (row.here.status is Status.WORKS), option
+        assert option.label.startswith(row.here.status.mark) and row.here.why in option.reason
 
-    monkeypatch.setattr(hf_bnb, "bnb", bitsandbytes, raising=False)
-    # transformers caches the answer: ask again now, and again after the test (the fake is gone then).
-    import_utils.is_bitsandbytes_available.cache_clear()
-    request.addfinalizer(import_utils.is_bitsandbytes_available.cache_clear)
-    assert import_utils.is_bitsandbytes_available()
-    assert values(load_form.choices(tiny).options["quantization"]) == [None, "4bit", "8bit"]
-    monkeypatch.setattr(bitsandbytes, "supported_torch_devices", {"cuda"})
-    choices = load_form.choices(tiny)
-    assert values(choices.options["quantization"]) == [None]
-    assert "no backend" in choices.notes["quantization"]
+
+def test_on_a_target_the_quantization_dropdown_follows_the_targets_gates(tiny: str) -> None:
+    t4 = load_form.choices(tiny, target="T4").option("quantization", "fbgemm_fp8")
+    h100 = load_form.choices(tiny, target="H100").option("quantization", "fbgemm_fp8")
+    assert t4 is not None and not t4.ok and "compute capability >= 9.0" in t4.reason
+    # transformers' capability check passes on Hopper: what is left is a package to install there
+    assert h100 is not None and h100.ok and h100.reason.startswith(str(Status.PACKAGE))
 
 
 def test_choices_with_two_gpus_list_them_and_advise_for_the_one_device_map_names(

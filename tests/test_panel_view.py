@@ -25,6 +25,8 @@ from nbhw.core.hf import meta_build
 from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.core.plan import codegen, load_form
 from nbhw.core.plan.load_form import Form
+from nbhw.core.plan.run import framework_reserve
+from nbhw.core.render import size
 from nbhw.ui import memory as memory_ui
 from nbhw.ui import panel as panels
 from nbhw.ui.codebox import highlight
@@ -171,6 +173,31 @@ def test_a_flash_attention_that_wont_work_is_marked_with_its_reason(view: LoadVi
     settle(worker)
     assert "nbhw-bad" in view.note("attn_implementation").value
     assert "flash-attn" in text_of(view.note("attn_implementation").value)  # the package to install
+
+
+def test_the_hardware_selector_plans_for_a_catalog_target_and_says_it_is_not_here(
+    view: LoadView, worker: Worker
+) -> None:
+    offered = [v for _, v in view.control("target").options]
+    assert offered[:2] == ["", "T4"] and "2x H100 SXM" in offered and "8x MI300X" in offered  # "" is this machine
+    view.memory_fields["cpu"].value = "2GiB"  # this machine's budget, then a target: the target's memory wins
+    settle(worker)
+    view.control("target").value = "T4"
+    settle(worker)
+    assert view.form.max_memory == () and view.memory_fields == {}
+    assert view.form.target == "T4" and view.control("dtype").value == "float16"  # the T4's advised dtype
+    assert "planning for 1x T4: hardware that is not here" in text_of(view.message.value)
+    assert "cuda:0" in [v for _, v in view.control("device_map").options]  # the target's device strings
+    assert "cuda:0" in view.picture.value and "the 1x T4's memory" in text_of(view.report.value)
+    reserve = framework_reserve("cuda", capability=(7, 5), total_memory=16 * 1024**3)
+    assert f"{size(reserve.bytes)}: CUDA context" in text_of(view.report.value)  # the run counts the T4's reserve
+    labels = {v: label for label, v in view.control("quantization").options}
+    assert view.choices is not None
+    fbgemm = view.choices.option("quantization", "fbgemm_fp8")
+    assert labels["fbgemm_fp8"].startswith("✗") and fbgemm is not None and "compute capability >= 9.0" in fbgemm.reason
+    view.control("target").value = ""
+    settle(worker)
+    assert view.form.target is None and "not here" not in text_of(view.message.value)
 
 
 def test_a_bad_entry_shows_a_message_and_no_code(view: LoadView, worker: Worker) -> None:

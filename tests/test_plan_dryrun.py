@@ -184,7 +184,14 @@ def test_a_pre_quantized_checkpoint_is_checked_like_transformers_does(tmp_path: 
     config = json.loads((folder / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ImportError), meta_build.quiet():
-        AutoModelForCausalLM.from_pretrained(str(folder))
+    try:
+        with meta_build.quiet():
+            AutoModelForCausalLM.from_pretrained(str(folder))
+        refused = None
+    except ImportError as exc:  # bitsandbytes is not installed
+        refused = exc
     problems = nbhw.plan(str(folder)).check()
-    assert len(problems) == 1 and problems[0].startswith("this pre-quantized checkpoint: ImportError")
+    if refused is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and problems[0].startswith("this pre-quantized checkpoint: ImportError")

@@ -175,15 +175,27 @@ def test_training_estimate_is_accelerates(tmp_path: Path) -> None:
     assert est.training_total == 18 * est.parameters
 
 
-def test_quantized_weights_are_sized_at_bitsandbytes_element_size() -> None:
-    plain = nbhw.plan(dtype="float16").estimate
+def test_quantized_weights_are_sized_at_bitsandbytes_element_size_plus_its_scales() -> None:
+    from transformers.quantizers.base import get_keys_to_not_convert
+
+    plain_plan = nbhw.plan(dtype="float16")
+    plain = plain_plan.estimate
     four = nbhw.plan(dtype="float16", quantization="4bit").estimate
     eight = nbhw.plan(dtype="float16", quantization="8bit").estimate
     assert plain is not None and four is not None and eight is not None
-    # Linear weights shrink 4x / 2x from float16; embeddings, norms and lm_head (skipped by transformers) do not.
-    assert four.total_bytes < eight.total_bytes < plain.total_bytes
-    skipped = plain.total_bytes - 2 * (plain.total_bytes - eight.total_bytes)
-    assert 4 * (four.total_bytes - skipped) == plain.total_bytes - skipped > 0
+    # Linear weights go to 4 / 8 bits, plus what bitsandbytes stores beside them: a float32 absmax per 64 weights
+    # and 16 float32 of quant_map per layer (4-bit), a float32 scale per output row (8-bit). Embeddings, norms and
+    # lm_head (skipped by transformers) keep float16.
+    skip = get_keys_to_not_convert(plain_plan.meta_model)
+    linear = [
+        m.weight
+        for name, m in plain_plan.meta_model.named_modules()
+        if type(m) is torch.nn.Linear and not any(name == k or name.endswith("." + k) for k in skip)
+    ]
+    assert linear
+    kept = plain.total_bytes - sum(w.numel() * 2 for w in linear)
+    assert four.total_bytes == kept + sum(w.numel() // 2 + w.numel() // 64 * 4 + 64 for w in linear)
+    assert eight.total_bytes == kept + sum(w.numel() + 4 * w.shape[0] for w in linear)
 
 
 def test_auto_dtype_without_one_in_the_config_is_read_from_the_weights_like_transformers(tmp_path: Path) -> None:

@@ -61,9 +61,12 @@ _nearby: Recent[Choices] = Recent(CHOICES_CACHE)
 def cached_choices(form: Form) -> Choices:
     """The choices for a form's model, device and dtype, computed once per combination."""
     model, device_map, dtype, offline = form.model.strip(), form.device_map, form.dtype, form.offline
-    key = (model, device_map, dtype, offline)
-    found = _choices.get(key, lambda: load_form.choices(model, device_map=device_map, dtype=dtype, offline=offline))
-    _nearby.put((model, device_map, offline), found)
+    target = form.target
+    key = (model, device_map, dtype, offline, target)
+    found = _choices.get(
+        key, lambda: load_form.choices(model, device_map=device_map, dtype=dtype, offline=offline, target=target)
+    )
+    _nearby.put((model, device_map, offline, target), found)
     return found
 
 
@@ -120,10 +123,17 @@ def message_html(preview: Preview, choices: Choices | None) -> str:
     if preview.error is not None:
         return f'<span class="nbhw-message nbhw-bad">✗ {render.esc(preview.error)}</span>'
     extra = f" ({render.esc(choices.problem)})" if choices is not None and choices.problem else ""
+    target = preview.plan.target if preview.plan is not None else None
+    lead = f"<b>{render.esc(target.not_here)}</b><br>" if target is not None else ""
     if preview.problems:
         n = len(preview.problems)
-        return f'<span class="nbhw-message nbhw-bad">Dry run: {n} problem{"s" if n > 1 else ""}</span>{extra}'
-    return f'<span class="nbhw-message">✓ Dry run: transformers accepts this plan here</span>{extra}'
+        return f'{lead}<span class="nbhw-message nbhw-bad">Dry run: {n} problem{"s" if n > 1 else ""}</span>{extra}'
+    accepted = (
+        f"transformers' checks, read for {target.label}, accept this plan"
+        if target
+        else "transformers accepts this plan here"
+    )
+    return f'{lead}<span class="nbhw-message">✓ Dry run: {accepted}</span>{extra}'
 
 
 @dataclass
@@ -218,8 +228,9 @@ def compute(form: Form, post: Any = None) -> Result:
 
 def _known_choices(form: Form) -> Choices | None:
     """The form's choices if they are known, else those of the same model and device with another dtype."""
-    found = _choices.peek((form.model.strip(), form.device_map, form.dtype, form.offline))
-    return found if found is not None else _nearby.peek((form.model.strip(), form.device_map, form.offline))
+    model, device_map, offline, target = form.model.strip(), form.device_map, form.offline, form.target
+    found = _choices.peek((model, device_map, form.dtype, offline, target))
+    return found if found is not None else _nearby.peek((model, device_map, offline, target))
 
 
 def _compute(form: Form, post: Any) -> Result:
@@ -405,6 +416,10 @@ class LoadView:
             if self._syncing or self.closed:
                 return
             self.form = self.read_form()
+            if change is not None and change.get("owner") is self.inputs.get("target"):
+                # Other hardware, other advice: the dtype settles on the new advised one (a T4: float16), and a
+                # target's budget is its catalog memory, so this machine's max_memory fields go.
+                self.form = self.form.replace(dtype=None, max_memory=() if self.form.target else self.form.max_memory)
             self.message.value = "<span class='nbhw-note'>planning…</span>"
             self.refresh()
 

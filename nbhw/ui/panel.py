@@ -190,7 +190,8 @@ class Panel:
         parts = [detect().text().rstrip(), ""]
         form = self.form
         if form.dtype is None:  # as in Jupyter: the advised dtype
-            advised = load_form.choices(form.model, device_map=form.device_map, offline=form.offline).advised_dtype
+            found = load_form.choices(form.model, device_map=form.device_map, offline=form.offline, target=form.target)
+            advised = found.advised_dtype
             form = form.with_dtype(advised)
         preview = load_form.preview(form)
         if preview.plan is not None:

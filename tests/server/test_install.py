@@ -16,6 +16,17 @@ ROOT = Path(__file__).resolve().parents[2]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
+def nbhw_targets() -> list[object]:
+    from nbhw.core.hardware.targets import catalog
+
+    return list(catalog())
+
+
+def venv_package(venv: Path) -> Path:
+    (site,) = venv.glob("lib/python*/site-packages")
+    return site / "nbhw"
+
+
 def run(*args: str | Path, env: dict[str, str], cwd: Path) -> str:
     proc = subprocess.run(
         [str(a) for a in args], capture_output=True, text=True, env=env, cwd=cwd, timeout=300, check=False
@@ -51,6 +62,10 @@ def test_pip_install_into_a_fresh_venv_enables_the_extension(tmp_path: Path) -> 
     assert json.loads(config.read_text(encoding="utf-8")) == {"ServerApp": {"jpserver_extensions": {"nbhw": True}}}
     where = run(python, "-c", "import nbhw; print(nbhw.__file__)", env=env, cwd=tmp_path).strip()
     assert Path(where).is_relative_to(venv), where
+    # The accelerator catalog is package data: the wheel carries it, and nbhw.targets() reads it from there.
+    catalog = "import nbhw; t = nbhw.targets(); print(len(t.rows), nbhw.core.hardware.targets._raw()['schema'])"
+    assert run(python, "-c", catalog, env=env, cwd=tmp_path).split() == [str(len(nbhw_targets())), "1"]
+    assert (venv_package(venv) / "core" / "hardware" / "catalog.json").is_file()
 
     listed = run(python, "-m", "jupyter_server", "extension", "list", env=env, cwd=tmp_path)
     section = listed.split(f"Config dir: {venv / 'etc' / 'jupyter'}")[1].split("Config dir:")[0]

@@ -19,7 +19,9 @@ from nbhw.core.advice.attention_rules import (
     AttentionRow,
     Env,
     ModelFacts,
+    Target,
     build_for,
+    catalog_target,
     check,
     kernels_install,
     model_facts,
@@ -28,8 +30,10 @@ from nbhw.core.advice.attention_rules import (
 from nbhw.core.advice.precision import DtypeAdvice
 from nbhw.core.advice.status import Status
 from nbhw.core.argument import checked, signature
+from nbhw.core.errors import UserError
 from nbhw.core.hardware.data import to_plain
 from nbhw.core.hardware.detect import detect
+from nbhw.core.hardware.targets import target_of
 from nbhw.core.hf import kernel_tables, meta_build
 from nbhw.core.hf.kernel_tables import KernelEntry
 from nbhw.core.render import STYLE, Shown, esc, html_table, py_str, text_table
@@ -84,6 +88,8 @@ class AttentionAdvice(Shown):
     notes: list[str]
     silent: list[str]
     transformers: str
+    target: str | None = None  # the catalog target the advice is for (as target= takes it): hardware not here
+    not_here: str | None = None
 
     def row(self, key: str) -> AttentionRow:
         """The row for one attn_implementation value."""
@@ -160,7 +166,9 @@ def _kernels_advice(env: Env, example_model: str) -> KernelsAdvice:
     model_layers = kernel_tables.model_kernel_layers(cls)
     enabled, env_value = kernel_tables.hub_kernels_enabled()
     fix = None
-    if not env.kernels_ok:
+    if not env.kernels_ok and t.catalog is not None:
+        fix = f"{kernels_install(env)} on the {t.catalog.accelerator.name} (not installed here)"
+    if not env.kernels_ok and t.catalog is None:
         ok, why, fix = False, f"use_kernels=True needs the kernels package: {env.kernels_why}", kernels_install(env)
     elif not enabled:
         ok, why, fix = False, f"USE_HUB_KERNELS={env_value} turns Hub kernels off", "unset USE_HUB_KERNELS"
@@ -169,7 +177,8 @@ def _kernels_advice(env: Env, example_model: str) -> KernelsAdvice:
     elif not {e.layer for e in layers} & set(model_layers):
         ok, why = False, f"none of {env.model.class_name}'s marked layers has a {t.device_type} kernel in the mapping"
     else:
-        ok, why = True, f"kernels is usable; the default mapping swaps {len(layers)} layer kinds on {t.device_type}"
+        usable = "kernels is usable" if env.kernels_ok else "with kernels installed there"
+        ok, why = True, f"{usable}; the default mapping swaps {len(layers)} layer kinds on {t.device_type}"
     return KernelsAdvice(
         ok, why, fix, t.device_type, keys, layers, model_layers, mapping.source, mapping.problem,
         _kernel_example(t.device_type, keys, layers, model_layers, example_model),
@@ -200,7 +209,10 @@ def _kernel_example(
 def _notes(env: Env) -> list[str]:
     t = env.target
     notes = []
-    if not t.present:
+    if t.catalog is not None:
+        notes.append(t.catalog.not_here)
+        notes.append(f"the rows follow transformers' rules for {t.catalog.label} ({_describe(t)})")
+    elif not t.present:
         notes.append(
             f"{t.device} is not present here: the advice follows transformers' rules for a {t.device_type} device"
         )
@@ -210,6 +222,16 @@ def _notes(env: Env) -> list[str]:
             "read from its rules, not built"
         )
     return notes
+
+
+def _describe(t: Target) -> str:
+    info = t.info
+    if info is None:
+        return t.device_type
+    cc = info.compute_capability
+    dtypes = [name for name, ok in (("bf16", info.bf16), ("fp16", info.fp16), ("tf32", info.tf32)) if ok]
+    where = f"compute capability {cc}" if cc and cc[0].isdigit() else (f"arch {cc}" if cc else t.device_type)
+    return f"{where}; {', '.join(dtypes) or 'no half-precision flags'}"
 
 
 def _silent(env: Env, adv_default: DefaultAttention) -> list[str]:
@@ -237,8 +259,7 @@ def advise(model: str | None = None, *, offline: bool = False, **arguments: Any)
 
     asked: AdviceArgs = checked(AdviceArgs, arguments)
     wanted, user_kernel = asked.dtype, asked.kernel
-    hw = detect()
-    target = parse_device(asked.device, hw)
+    target = advice_target(asked)
     facts = model_facts(model, offline)
     advice = precision.advise(target.device, target.device_type, target.info, target.count)
     chosen = _resolve_dtype(wanted, advice, facts)
@@ -276,7 +297,22 @@ def advise(model: str | None = None, *, offline: bool = False, **arguments: Any)
         notes=_notes(env),
         silent=_silent(env, default),
         transformers=str(transformers.__version__),
+        target=target.catalog.text if target.catalog else None,
+        not_here=target.catalog.not_here if target.catalog else None,
     )
+
+
+def advice_target(asked: AdviceArgs) -> Target:
+    """The device the advice is for: a catalog target, a device named here, or the best one here."""
+    if asked.target is not None and asked.device is not None:
+        raise UserError(
+            f"--device {asked.device!r} and --target {asked.target!r} both name the hardware to advise for; give "
+            "one: --device DEV (this machine) or --target NAME (nbhw's catalog)"
+        )
+    found = target_of(asked.target)
+    if found is not None:
+        return catalog_target(found)
+    return parse_device(asked.device, detect())
 
 
 advise.__signature__ = signature(advise, ADVICE_ARGUMENTS, keep=("model", "offline"))  # type: ignore[attr-defined]
@@ -300,6 +336,9 @@ HEADERS = ("attn_implementation", "status", "checked", "why", "fix")
 def _title(a: AttentionAdvice) -> str:
     what = f"{a.model} ({a.model_class}, config from {a.model_source})" if a.model else "this hardware alone"
     here = "" if a.present else " — not present here"
+    found = target_of(a.target)
+    if found is not None:
+        here = f" of {found.label} — hardware that is not here"
     dtype = f"dtype {a.dtype}" + ("" if a.dtype_given else " (advised)")
     return f"nbhw attention: {what} on {a.device}{here}, {dtype}, transformers {a.transformers}"
 

@@ -18,12 +18,18 @@ from nbhw.core.errors import UserError
 from nbhw.core.hardware import backends
 from nbhw.core.hardware.data import DeviceInfo
 from nbhw.core.hardware.detect import Hardware
+from nbhw.core.hardware.targets import Target as CatalogTarget
 from nbhw.core.hf import kernel_tables, meta_build, model_config, tiny_model
+from nbhw.core.hf.as_if import AsIf, TargetDevice
 
 NO_SUPPORT = "this model class does not support it"
 GENERATIONS = {8: "Ampere", 9: "Hopper", 10: "Blackwell"}
 # flash-attn 2 itself runs only on Ampere or newer; transformers' matrix doesn't check it, so the load succeeds.
 FA2_MIN_MAJOR = 8
+# flash-attn 3 (Ampere to Hopper) and 4 (Hopper, Blackwell) are CUDA kernels; on ROCm, torch.cuda reports HIP's gfx
+# arch as a capability (gfx942 -> 9.4), so transformers' capability check passes there. From flash-attention's
+# README and Dao-AILab/flash-attention#1089 (FA3 for ROCm: open; AMD's FAv3 kernels live in aiter instead).
+CUDA_ONLY_FLASH = (3, 4)
 FLASH_KEY = re.compile(r"^flash_attention_(\d+)$")
 
 # ---------------------------------------------------------------- the target device
@@ -41,6 +47,7 @@ class Target:
     count: int
     live: bool
     seen: str
+    catalog: CatalogTarget | None = None  # a target from nbhw's catalog: hardware that is not here
 
     @property
     def capability(self) -> tuple[int, int] | None:
@@ -107,6 +114,31 @@ def parse_device(text: str | None, hw: Hardware) -> Target:
         live=seen == device_type and index < len(devices),
         seen=seen,
     )
+
+
+def catalog_target(target: CatalogTarget) -> Target:
+    """A catalog target as the advisor's Target: the fields detection fills, from the catalog, never present."""
+    info = target.devices()[0]
+    return Target(
+        device=info.device, device_type=target.device_type, backend=target.accelerator.backend, present=False,
+        info=info, count=target.count, live=False, seen=_transformers_device(), catalog=target,
+    )  # fmt: skip
+
+
+def described(t: Target) -> TargetDevice | None:
+    """The device transformers' checks should see for ``t`` (None: this CPU-only machine, checked for real).
+
+    A device detection found is described from what detection read (NVML's compute capability), so a check
+    never initialises CUDA here either.
+    """
+    if t.catalog is not None:
+        return t.catalog.device()
+    if t.device_type == "cpu":
+        return None
+    info = t.info
+    name = info.name if info and info.name else t.device
+    total = info.total_memory if info and info.total_memory else 0
+    return TargetDevice(t.device_type, max(t.count, 1), t.capability, name, total)
 
 
 # ---------------------------------------------------------------- the model
@@ -234,6 +266,18 @@ def _dtype_note(env: Env, verdict: Verdict) -> None:
 
 
 def _flash_rule(key: str, version: int, env: Env) -> Verdict:
+    """flash_attention_N on the target; for a catalog target, with its package installed there."""
+    t = env.target
+    here = meta_build.flash_package_installed(version)
+    verdict = _flash_verdict(key, version, env, here or t.catalog is not None)
+    if t.catalog is not None and not here and verdict.status is Status.WORKS:
+        package = flash_package(version)
+        verdict.fix = f"pip install {package} on the {t.catalog.accelerator.name}"
+        verdict.notes.append(f"{package} is not installed here: this is transformers' rule with it installed there")
+    return verdict
+
+
+def _flash_verdict(key: str, version: int, env: Env, installed: bool) -> Verdict:
     """flash_attention_N, in the order _check_and_adjust_attn_implementation and _flash_attn_import_error use."""
     t, m = env.target, env.model
     entry = _matrix()[version]
@@ -241,7 +285,6 @@ def _flash_rule(key: str, version: int, env: Env) -> Verdict:
     names = [name for _, name in entry["supported_devices"]]
     custom = [_device_name(check) for check, _ in entry.get("custom_supported_devices", ())]
     package = flash_package(version)
-    installed = meta_build.flash_package_installed(version)
     general = installed and family in names and family not in custom
     repo = env.fallback.get(key)
     where = ", ".join(names)
@@ -284,6 +327,15 @@ def _capability_rule(key: str, version: int, min_major: int | None, env: Env) ->
     if need is None and version == 2 and t.device_type == "cuda":
         need, runtime = FA2_MIN_MAJOR, True
     cc = t.capability
+    # For a target the package is assumed installed there, and its NVIDIA-only kernels would not be; on a ROCm
+    # machine whose package is installed, transformers' answer stands (the README: Dao-AILab/flash-attention#1089).
+    if t.device_type == "rocm" and version in CUDA_ONLY_FLASH and t.catalog is not None:
+        shown = t.info.compute_capability if t.info else "gfx"
+        why = (
+            f"FlashAttention{version} is built for NVIDIA GPUs only (flash-attention's README); transformers' check "
+            f"passes on ROCm, where {shown} reads as compute capability {cc[0] if cc else '?'}.x"
+        )
+        return Verdict(Status.WONT, why, "use flash_attention_2 or sdpa on ROCm", device_dependent=True)
     if need is not None and cc is None:
         why = f"needs {_generation(need)} or newer; {t.device} is not here to check"
         return Verdict(Status.DEPENDS, why, f"use it on a {GENERATIONS.get(need, 'newer')} or newer GPU", True)
@@ -390,6 +442,43 @@ def _compatible_switch(env: Env) -> str:
     return (fits or listed)[0]
 
 
+# ---------------------------------------------------------------- checking as if on a target
+
+
+def transformers_flash_check(version: int, device: TargetDevice) -> str | None:
+    """transformers' own ``_flash_attn_import_error`` as if on ``device`` with the package installed: its refusal."""
+    # lazy: import nbhw and %load_ext nbhw stay free of transformers
+    from transformers.modeling_utils import PreTrainedModel
+
+    entry = dict(_matrix()[version])
+    run = AsIf(device, answers={"is_flash_attn_greater_or_equal": lambda *a, **k: True})
+    entry["general_availability_check"] = lambda *a, **k: False  # so transformers walks its reasons one by one
+    entry["pkg_availability_check"] = lambda *a, **k: True  # the package, installed on the target
+    entry["supported_devices"] = tuple((run.device_check(c.__name__), n) for c, n in entry["supported_devices"])
+    custom = entry.get("custom_supported_devices", ())
+    entry["custom_supported_devices"] = tuple((run.device_check(c.__name__), m) for c, m in custom)
+    try:
+        run.call(PreTrainedModel._flash_attn_import_error, None, **entry)
+    except ImportError as exc:
+        return " ".join(str(exc).split())
+    return None
+
+
+def _checked_as_if(row: AttentionRow, v: Verdict, version: int, target: CatalogTarget) -> AttentionRow:
+    refused = transformers_flash_check(version, target.device())
+    row.checked = True
+    row.check = (
+        f"transformers' own check (_flash_attn_import_error) run as if on the {target.accelerator.name}, "
+        f"{flash_package(version)} installed there"
+    )
+    if refused and v.status in {Status.WORKS, Status.HUB}:
+        row.status, row.reason = Status.WONT, _first_sentence(refused.split("error: ", 1)[-1])
+        row.notes.append(f"nbhw's reading of transformers' rules said {v.status}: {v.reason}")
+    elif not refused and v.status is Status.WONT:
+        row.notes.append("transformers' own check accepts it: the refusal is nbhw's documented gate")
+    return row
+
+
 # ---------------------------------------------------------------- checking with a meta build
 
 
@@ -428,6 +517,9 @@ def check(key: str, kind: str, env: Env) -> AttentionRow:
             row.status = Status.HUB if env.model.reference else Status.DOWNLOAD
         row.check = f"not checked: a build would download {v.downloads} from the Hub"
         return row
+    flash = FLASH_KEY.match(key)
+    if env.target.catalog is not None and flash and v.downloads is None and int(flash.group(1)) in _matrix():
+        return _checked_as_if(row, v, int(flash.group(1)), env.target.catalog)
     if v.device_dependent and not env.target.live:
         t = env.target
         why = f"{t.device} is not here" if not t.present else f"it runs on {t.seen} here"

@@ -1,4 +1,4 @@
-"""The one status of an advice row (attention implementations, and every later table of options)."""
+"""The one status of an advice row: attention implementations, quantization methods, every table of options."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ class Status(str, Enum):
     HUB = "works via Hub kernel download"
     DOWNLOAD = "needs download, not checked"
     DEPENDS = "depends on the device"
+    PACKAGE = "needs a package"
+    DEQUANTIZED = "loads dequantized"
+    NOT_CHECKED = "not checked"
 
     def __str__(self) -> str:
         return self.value
@@ -28,7 +31,7 @@ class Status(str, Enum):
     @property
     def mark(self) -> str:
         """The one-character mark beside an option in the panel's controls."""
-        return {Status.WORKS: "✓", Status.WONT: "✗", Status.HUB: "↓"}.get(self, "?")
+        return {Status.WORKS: "✓", Status.WONT: "✗", Status.HUB: "↓", Status.PACKAGE: "+"}.get(self, "?")
 
     @property
     def css(self) -> str:

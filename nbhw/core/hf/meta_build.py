@@ -126,6 +126,11 @@ def forced_offline() -> Iterator[None]:
             constants.HF_HUB_OFFLINE = old
 
 
+# Besides transformers' own: accelerate, and what importing transformers' quantizers imports (torchao logs every
+# prebuilt kernel it can't load for this Python; torch warns about the enums torchao registers).
+QUIET_LOGGERS = ("accelerate", "torchao", "torch.utils._pytree")
+
+
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
     """Silence transformers' and accelerate's logging, warnings and progress bars; problems come back as values.
@@ -135,11 +140,16 @@ def quiet() -> Iterator[None]:
     """
     from transformers.utils import logging as hf_logging  # transformers: only once something is planned
 
-    accelerate = logging.getLogger("accelerate")
+    others = [logging.getLogger(name) for name in QUIET_LOGGERS]
     with _settings_lock:
-        level, bars, acc_level = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled(), accelerate.level
+        level, bars, levels = (
+            hf_logging.get_verbosity(),
+            hf_logging.is_progress_bar_enabled(),
+            [o.level for o in others],
+        )
         hf_logging.set_verbosity_error()
-        accelerate.setLevel(logging.ERROR)
+        for other in others:
+            other.setLevel(logging.ERROR)
         # In a kernel a progress bar is a set of widgets nobody closes, shown in whichever cell runs.
         hf_logging.disable_progress_bar()
         try:
@@ -148,7 +158,8 @@ def quiet() -> Iterator[None]:
                 yield
         finally:
             hf_logging.set_verbosity(level)
-            accelerate.setLevel(acc_level)
+            for other, was in zip(others, levels, strict=True):
+                other.setLevel(was)
             if bars:
                 hf_logging.enable_progress_bar()
 

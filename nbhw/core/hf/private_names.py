@@ -103,6 +103,14 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     _n(GEN, "GenerationMixin._maybe_prepare_encoder_kwargs_for_generation", "call", TF_V, "the encoder's run"),
     _n(GEN, "GenerationMixin._prepare_position_ids_for_generation", "call", TF_V, "position ids from the mask"),
     _n(GEN, "GenerationMixin._supports_logits_to_keep", "call", TF_V, "generate() computes the last logits only"),
+    _n(
+        GEN,
+        "GenerationMixin.generate",
+        "read",
+        TF_V,
+        "the OOM report reads its frame's locals input_ids and "
+        "generation_config (max_length set) to know which run ran out",
+    ),
     _n(GEN, "GenerationMixin._prefill", "source", TF_V, "the prefill forward; reads GenerationConfig._mask_length"),
     _n(GEN, "GenerationMixin._update_model_kwargs_for_generation", "call", TF_V, "kwargs between two steps"),
     # transformers: the decisions from_pretrained makes, asked of transformers itself
@@ -123,6 +131,18 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     _n(f"{TF}.utils.import_utils", "KERNELS_MIN_VERSION", "read", TF_V, "the kernels versions accepted"),
     _n(f"{TF}.utils.import_utils", "KERNELS_MAX_VERSION", "read", TF_V, "the kernels versions accepted"),
     _n(f"{TF}.utils.import_utils", "BITSANDBYTES_MIN_VERSION", "read", TF_V, "the bitsandbytes versions accepted"),
+    # transformers: the quantization methods and their gates (nbhw.quantization), the flash-attention check for a target
+    _n(f"{TF}.quantizers.auto", "AUTO_QUANTIZER_MAPPING", "read", TF_V, "every quantization method, one row each"),
+    _n(f"{TF}.quantizers.auto", "AUTO_QUANTIZATION_CONFIG_MAPPING", "read", TF_V, "each method's config class"),
+    _n(f"{TF}.quantizers.base", "HfQuantizer.requires_calibration", "flag", TF_V, "pre-quantized checkpoints only"),
+    _n(f"{TF}.quantizers.base", "HfQuantizer.quantized_element_size", "read", TF_V, "bytes per quantized weight"),
+    _n(f"{TF}.quantizers.base", "HfQuantizer.get_modules_to_not_convert", "call", TF_V, "weights a method skips"),
+    _n(f"{TF}.quantizers.base", "HfQuantizer.get_quantize_ops", "read", TF_V, "a method quantizes on load"),
+    _n(f"{TF}.quantizers.base", "HfQuantizer._process_model_after_weight_loading", "source", TF_V, "calibrates"),
+    _n(TF, "PreTrainedModel._flash_attn_import_error", "call", TF_V, "flash attention's check, run for a target"),
+    _n(f"{TF}.modeling_flash_attention_utils", "FLASH_ATTENTION_COMPATIBILITY_MATRIX", "read", TF_V, "FA rules"),
+    # torch: what a loaded quantized model really holds (tensor subclasses' inner tensors)
+    _n("torch.utils._python_dispatch", "is_traceable_wrapper_subclass", "call", TORCH, "a tensor subclass"),
     _n(f"{TF}.quantizers.auto", "AUTO_QUANTIZER_MAPPING", "source", TF_V, "the bitsandbytes method names (ast)"),
     # bitsandbytes: its own choice of native library, compiled from its source and run without importing it
     _n(f"{BNB}.cextension", "get_cuda_bnb_library_path", "source", BNB_V, "the library it loads", only=BNB),

@@ -20,6 +20,7 @@ from nbhw.core.measured.fixes import (
     free_traceback_fix,
     run_planner_fixes,
 )
+from nbhw.core.measured.run_asked import asked_run
 from nbhw.core.memory.allocator import DeviceMemory, TorchMemory
 from nbhw.core.memory.holders import DeviceHolders, Holders, Internal, holders
 from nbhw.core.memory.out_of_memory import FailedAllocation, failed_allocation
@@ -137,7 +138,15 @@ def oom_report(
     if where is None:
         return OutOfMemory(line, failed, where, held, 0, (), "the message names no device to count on", None)
     request = FitRequest(
-        where, failed.capacity, failed, _by_kind(report, where), _models(namespace), cell, plan, traceback_bytes
+        where,
+        failed.capacity,
+        failed,
+        _by_kind(report, where),
+        _models(namespace),
+        cell,
+        plan,
+        traceback_bytes,
+        asked_run(exc),
     )
     fixes, note = _fixes(planner, request)
     return OutOfMemory(line, failed, where, held, traceback_bytes, fixes, note, request)

@@ -14,20 +14,25 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from nbhw.core.advice.quantization_methods import check_method
 from nbhw.core.argument import argument, arguments, checked
 from nbhw.core.dtypes import DTYPE
 from nbhw.core.errors import UserError, one_of
+from nbhw.core.hardware import backends
+from nbhw.core.hardware.targets import TARGET, check_target_args
 from nbhw.core.hf import library_source
 from nbhw.core.hf.meta_build import is_hub_kernel, quiet
 from nbhw.core.plan.pinned import check_pinned
 from nbhw.core.render import py_literal
 
-# --quantize word -> the BitsAndBytesConfig flag it sets.
+# --quantize word -> the BitsAndBytesConfig flag it sets (the other words are transformers' method keys).
 QUANTIZATION = {"4bit": "load_in_4bit", "8bit": "load_in_8bit"}
 DISK = "disk"
 NO_DEVICE_MAP = "none"  # the word for device_map=None
 
 DeviceMap = str | int | dict[str, int | str] | None
+# Device strings of nbhw's backends that torch knows only once their plugin package is imported.
+PLUGIN_DEVICES = tuple(sorted({b.device for b in backends.BUILTIN} - {"cpu", "cuda", "mps", "xpu", "hpu", "meta"}))
 MemoryKey = int | str
 
 
@@ -63,6 +68,10 @@ def _torch_device(text: str) -> str:
     try:
         return str(torch.device(text))
     except (RuntimeError, ValueError, TypeError) as exc:
+        if re.fullmatch(rf"({'|'.join(PLUGIN_DEVICES)})(:\d+)?", text):
+            # A plugin's device (tpu:0 without torch_tpu imported here): well formed, for hardware that isn't here.
+            return text
+
         why = (
             "neither a device_map strategy nor a device type this torch knows"
             if "device type" in str(exc)
@@ -159,10 +168,8 @@ def check_attn(value: Any) -> str | None:
 
 
 def check_quantization(value: Any) -> str | None:
-    """'4bit', '8bit' or None."""
-    if value is None or value in QUANTIZATION:
-        return value  # type: ignore[no-any-return]
-    raise one_of("quantization", value, list(QUANTIZATION))
+    """'4bit', '8bit' (bitsandbytes), a method transformers quantizes on load with ('torchao', ...), or None."""
+    return check_method(value)
 
 
 # ---------------------------------------------------------------- max_memory
@@ -338,6 +345,7 @@ class PlanArgs:
     Each field declares one argument (:func:`nbhw.core.argument.argument`): every surface reads it from here.
     """
 
+    target: str | None = argument(**TARGET, control="dropdown")
     dtype: str = argument(**DTYPE, default="auto", control="dropdown", emits="dtype")
     device_map: DeviceMap = argument(
         default="auto", metavar="MAP", parse=device_map_from_text, check=check_device_map, word=device_map_word,
@@ -357,8 +365,10 @@ class PlanArgs:
         help="use_kernels=True: swap supported layers for Hub kernels",
     )  # fmt: skip
     quantization: str | None = argument(
-        aliases=("--quantize",), choices=tuple(QUANTIZATION), check=check_quantization, control="dropdown",
-        emits="quantization_config", help="quantize the weights on load: bitsandbytes 4bit or 8bit",
+        aliases=("--quantize",), metavar="METHOD", check=check_quantization, control="dropdown",
+        emits="quantization_config",
+        help="quantize the weights on load: 4bit or 8bit (bitsandbytes), or a method transformers quantizes on load "
+        "with (torchao, quanto, ...; %hw quantization lists them)",
     )  # fmt: skip
     # The run: what generating needs besides the weights. Not from_pretrained keywords, so the cell is the same.
     context: int | None = argument(
@@ -408,4 +418,5 @@ def plan_args(**values: Any) -> PlanArgs:
     """Check every argument; the first mistake raises a one-line UserError naming the valid values."""
     with quiet():
         found: PlanArgs = checked(PlanArgs, values)
-        return found
+    check_target_args(found.target, found.max_memory)
+    return found

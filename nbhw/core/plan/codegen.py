@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from nbhw.core.advice.quantization_methods import config_source
 from nbhw.core.plan.arguments import PLAN_ARGUMENTS, QUANTIZATION, PlanArgs
 from nbhw.core.render import py_literal, py_str
 
@@ -32,6 +33,8 @@ class Arguments:
     kwargs: list[tuple[str, str]] = field(default_factory=list)
     omitted: list[str] = field(default_factory=list)
     needs_torch: bool = False
+    names: list[str] = field(default_factory=list)  # more names the cell imports from transformers
+    imports: list[str] = field(default_factory=list)  # more import lines (a method's own package)
 
 
 def _device_map_is(device_map: Any, device: str) -> bool:
@@ -78,8 +81,16 @@ def _use_kernels(args: PlanArgs, ctx: Context, out: Arguments) -> None:
 
 
 def _quantization(args: PlanArgs, ctx: Context, out: Arguments) -> None:
-    if args.quantization is not None:
+    if args.quantization in QUANTIZATION:
         out.kwargs.append(("quantization_config", f"BitsAndBytesConfig({QUANTIZATION[args.quantization]}=True)"))
+        out.names.append("BitsAndBytesConfig")
+    elif args.quantization is not None:
+        dtype = args.dtype if args.dtype != "auto" else ctx.config_dtype or "bfloat16"
+        source = config_source(args.quantization, dtype)  # the expression the quantization advice shows and checks
+        out.kwargs.append(("quantization_config", source.expression))
+        out.names += source.names
+        out.imports += source.imports
+        out.needs_torch = out.needs_torch or source.needs_torch
 
 
 # The from_pretrained keyword of each argument that declares one (`emits`), written in declaration order.
@@ -115,11 +126,10 @@ def _call(target: str, func: str, positional: str, kwargs: list[tuple[str, str]]
 def cell(model: str, auto_class: str, arguments: Arguments) -> str:
     """The whole cell: imports, the preprocessor, the model, and a short generation for generative models."""
     preprocessor = PREPROCESSOR.get(auto_class, "AutoTokenizer")
-    names = {auto_class, preprocessor}
-    if any(k == "quantization_config" for k, _ in arguments.kwargs):
-        names.add("BitsAndBytesConfig")
+    names = {auto_class, preprocessor, *arguments.names}
     imports = ["import torch"] if arguments.needs_torch else []
     imports.append(f"from transformers import {', '.join(sorted(names))}")
+    imports += arguments.imports
     var = "tokenizer" if preprocessor == "AutoTokenizer" else "processor"
     lines = [
         *imports,

@@ -9,6 +9,7 @@ one-line message when an entry is a mistake. Nothing here raises for a user's en
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -18,25 +19,30 @@ from typing import Any
 
 from huggingface_hub import constants, scan_cache_dir
 
-from nbhw.core.advice import precision
+from nbhw.core.advice import precision, quantization
 from nbhw.core.advice.attention import AttentionAdvice, advise
-from nbhw.core.advice.attention_rules import device_types, parse_device
+from nbhw.core.advice.attention_rules import catalog_target, device_types, parse_device
+from nbhw.core.advice.quantization_methods import BITSANDBYTES_WORDS
+from nbhw.core.advice.status import Status
 from nbhw.core.argument import Argument
 from nbhw.core.cache import Recent
 from nbhw.core.dtypes import OFFERED
 from nbhw.core.errors import UserError
 from nbhw.core.hardware.detect import Hardware, detect
+from nbhw.core.hardware.targets import Target, catalog, target_of
 from nbhw.core.hardware.who_picks import from_pretrained_default
 from nbhw.core.hf import meta_build
 from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.core.plan import run
-from nbhw.core.plan.arguments import NO_DEVICE_MAP, PLAN_ARGUMENTS, QUANTIZATION, strategy_names
+from nbhw.core.plan.arguments import NO_DEVICE_MAP, PLAN_ARGUMENTS, strategy_names
 from nbhw.core.plan.load_plan import LoadPlan, plan
 from nbhw.core.plan.placement import DeviceShare, Placement, device_name, layer_names, live_memory
 
 # The declared arguments the Load tab shows a control for, by name.
 CONTROLS: dict[str, Argument] = {a.name: a for a in PLAN_ARGUMENTS if a.control is not None}
 UNSET_DTYPE = None  # a form without a dtype means "the advised dtype"
+THIS_MACHINE = "this machine"
+TARGET_COUNTS = (1, 2, 4, 8)  # the counts the target dropdown offers per entry; %hw load --target takes any 1..64
 
 
 @dataclass(frozen=True)
@@ -302,33 +308,26 @@ def _memory_fields(hardware: Hardware) -> list[MemoryField]:
     return [MemoryField(str(key), device_name(key, live.accelerator), free) for key, free in live.max_memory.items()]
 
 
-def bitsandbytes_here() -> tuple[bool, str]:
-    """Whether bitsandbytes quantization can run here, by transformers' own checks (no device is touched)."""
-    from transformers.utils import import_utils  # transformers: imported when choices are computed, not with nbhw
-
-    if not import_utils.is_bitsandbytes_available():
-        return False, (
-            "4-bit / 8-bit need bitsandbytes>="
-            f"{import_utils.BITSANDBYTES_MIN_VERSION}, which is not installed here (pip install -U bitsandbytes)"
-        )
-    # lazy: import nbhw and %load_ext nbhw stay free of transformers
-    from transformers.integrations import validate_bnb_backend_availability
-
-    try:
-        usable = bool(validate_bnb_backend_availability(raise_exception=False))
-    except Exception as exc:  # bitsandbytes' own import can fail in many ways; the reason is what matters
-        return False, f"bitsandbytes is installed but cannot run here: {type(exc).__name__}: {exc}"
-    if not usable:
-        return False, "bitsandbytes is installed but has no backend for the devices here"
-    return True, "bitsandbytes can run here"
-
-
 def _quantization_options(hardware: Hardware, advice: AttentionAdvice) -> tuple[list[Option], str]:
+    """The methods nbhw.quantization() finds transformers quantizes on load with, marked by its verdict."""
+    found = quantization.advise(target=advice.target, dtype=advice.precision.dtype)
+    short = {v: k for k, v in BITSANDBYTES_WORDS.items()}
     options = [Option(None, "none")]
-    usable, note = bitsandbytes_here()
-    if usable:
-        options += [Option(q, f"{q[0]}-bit (bitsandbytes)") for q in QUANTIZATION]
-    return options, note
+    for row in found.rows:
+        if not row.loads.quantizes_here:
+            continue
+        g = row.shown
+        # On a target a package is yours to install there; here it is missing.
+        ok = g.status is Status.WORKS or (advice.target is not None and g.status is Status.PACKAGE)
+        reason = f"{g.status}: {g.why}" + (f"; fix: {g.fix}" if g.fix else "")
+        word = short.get(row.method, row.method)
+        options.append(Option(word, f"{g.status.mark} {word}" + _family(row), ok, reason))
+    where = found.target or found.here
+    return options, f"marks: transformers' own checks for {where} (%hw quantization lists every method and why)"
+
+
+def _family(row: quantization.QuantRow) -> str:
+    return "" if row.method not in BITSANDBYTES_WORDS.values() else " (bitsandbytes)"
 
 
 def _attention_options(hardware: Hardware, advice: AttentionAdvice) -> tuple[list[Option], str]:
@@ -348,11 +347,36 @@ def dtype_options(advised: str) -> list[Option]:
 
 def _dtype_options(hardware: Hardware, advice: AttentionAdvice) -> tuple[list[Option], str]:
     advised = advice.precision.dtype
-    return dtype_options(advised), f"advised for {advice.device}: {advised} — {advice.precision.reason}"
+    found = target_of(advice.target)
+    where = f"the {found.accelerator.name} ({advice.device})" if found is not None else advice.device
+    return dtype_options(advised), f"advised for {where}: {advised} — {advice.precision.reason}"
+
+
+def _target_label(target: Target) -> str:
+    a = target.accelerator
+    each = f"{a.memory_bytes / 1024**3:g} GiB" + (" each" if target.count > 1 else "")
+    return f"{target.text} · {a.vendor} {a.device}, {each}"
+
+
+def target_options() -> list[Option]:
+    """This machine, then every catalog entry at the counts the dropdown offers (a Mac: one)."""
+    options = [Option(None, THIS_MACHINE, True, "what nbhw detects here")]
+    for a in catalog():
+        for count in (1,) if a.unified_memory else TARGET_COUNTS:
+            target = Target(a, count)
+            options.append(Option(target.text, _target_label(target), True, target.not_here))
+    return options
+
+
+def _target_options(hardware: Hardware, advice: AttentionAdvice) -> tuple[list[Option], str]:
+    found = target_of(advice.target)
+    note = found.not_here if found is not None else "this machine: every figure is read here"
+    return target_options(), note
 
 
 # What each dropdown offers here, and the note beside it, by argument name (a test checks every dropdown has one).
 OPTIONS: dict[str, Callable[[Hardware, AttentionAdvice], tuple[list[Option], str]]] = {
+    "target": _target_options,
     "dtype": _dtype_options,
     "device_map": _device_options,
     "attn_implementation": _attention_options,
@@ -360,33 +384,55 @@ OPTIONS: dict[str, Callable[[Hardware, AttentionAdvice], tuple[list[Option], str
 }
 
 
-def _advice(model: str, device: str | None, dtype: str | None, offline: bool) -> tuple[AttentionAdvice, str | None]:
+def _advice(
+    model: str, device: str | None, dtype: str | None, offline: bool, target: str | None
+) -> tuple[AttentionAdvice, str | None]:
     """The advisor's answer for the model; for the hardware alone when the model's config can't be read."""
     wanted = dtype if dtype in OFFERED else None
+    where: dict[str, Any] = {"target": target} if target is not None else {"device": device}
     try:
-        return advise(model, device=device, dtype=wanted, offline=offline), None
+        return advise(model, dtype=wanted, offline=offline, **where), None
     except UserError as exc:
-        return advise(None, device=device, dtype=wanted, offline=True), f"attention advice for any model: {exc}"
+        return advise(None, dtype=wanted, offline=True, **where), f"attention advice for any model: {exc}"
 
 
-def choices(model: str, *, device_map: str = "auto", dtype: str | None = None, offline: bool = False) -> Choices:
-    """The options of every control for ``model`` on this machine; the advice is for the device device_map names."""
-    hardware = detect()
-    advice, problem = _advice(model, target_device(device_map, hardware), dtype, offline)
+def _hardware(target: Target | None) -> Hardware:
+    """What the controls offer devices and budgets from: this machine, or the rows detection would give on a target."""
+    here = detect()
+    return here if target is None else dataclasses.replace(here, backends=target.rows())
+
+
+def choices(
+    model: str, *, device_map: str = "auto", dtype: str | None = None, offline: bool = False, target: str | None = None
+) -> Choices:
+    """The options of every control for ``model`` here or on ``target``; advice for the device device_map names."""
+    found = _target(target)
+    hardware = _hardware(found)
+    device = target_device(device_map, hardware) if found is None else None
+    advice, problem = _advice(model, device, dtype, offline, found.text if found is not None else None)
     options: dict[str, tuple[Option, ...]] = {}
     notes: dict[str, str] = {}
     for name, offer in OPTIONS.items():
-        found, notes[name] = offer(hardware, advice)
-        options[name] = tuple(found)
+        listed, notes[name] = offer(hardware, advice)
+        options[name] = tuple(listed)
+    if found is not None:
+        notes["max_memory"] = f"the {found.accelerator.name}'s catalog memory is the budget (target or max_memory)"
     return Choices(
         model=model,
         target=advice.device,
         advised_dtype=advice.precision.dtype,
         options=options,
         notes=notes,
-        memory=tuple(_memory_fields(hardware)),
+        memory=tuple(_memory_fields(hardware)) if found is None else (),
         problem=problem,
     )
+
+
+def _target(target: str | None) -> Target | None:
+    try:
+        return target_of(target)
+    except UserError:
+        return None  # the plan reports the mistake in its one line; the controls offer this machine's choices
 
 
 # ---------------------------------------------------------------- preview
@@ -461,16 +507,21 @@ def size_notes(plan: LoadPlan) -> dict[str, str]:
     return notes
 
 
-_hardware: Recent[Hardware] = Recent(1)
+_detected: Recent[Hardware] = Recent(1)
 HARDWARE_SECONDS = 2.0  # the Devices tab has just read it: the dtype advice needs no second reading that soon
 
 
 def quick_dtype(form: Form) -> str | None:
     """The advised dtype for the device the form's device_map names, from the precision advice alone (no attention
-    rows: the code can show before the choices are known); None when the device can't be read."""
-    hardware = _hardware.get(int(time.monotonic() / HARDWARE_SECONDS), detect)
+    rows: the code can show before the choices are known); None when the device can't be read. A catalog target's
+    is its own (a T4: float16), from the catalog alone."""
     try:
-        target = parse_device(target_device(form.device_map, hardware), hardware)
+        found = target_of(form.target)
+        if found is not None:
+            target = catalog_target(found)
+        else:
+            hardware = _detected.get(int(time.monotonic() / HARDWARE_SECONDS), detect)
+            target = parse_device(target_device(form.device_map, hardware), hardware)
     except UserError:
         return None
     return precision.advise(target.device, target.device_type, target.info, target.count).dtype

@@ -15,15 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from nbhw.core import argument, render
+from nbhw.core.advice.quantization_methods import build_config, method_key
 from nbhw.core.cache import Recent
 from nbhw.core.errors import UserError
 from nbhw.core.hardware import backends, presence
 from nbhw.core.hardware.data import BackendStatus
+from nbhw.core.hardware.targets import Target, target_of
 from nbhw.core.hardware.who_picks import from_pretrained_default
 from nbhw.core.hf import meta_build, model_config
 from nbhw.core.hf.tiny_model import tiny_model_path
-from nbhw.core.plan import codegen, estimate, run, run_plan, run_view
-from nbhw.core.plan.arguments import DISK, PLAN_ARGUMENTS, QUANTIZATION, PlanArgs, plan_args
+from nbhw.core.plan import codegen, estimate, for_target, run, run_plan, run_view
+from nbhw.core.plan.arguments import DISK, PLAN_ARGUMENTS, PlanArgs, plan_args
 from nbhw.core.plan.estimate import Estimate
 from nbhw.core.plan.pinned import Pin, plan_beside_pin, read_pin
 from nbhw.core.plan.placement import LiveMemory, Placement, live_memory, place
@@ -143,9 +145,15 @@ class LoadPlan(Shown):
         return self.config_dtype or weights_dtype(self.model, self.config.source) or "float32"
 
     @cached_property
+    def target(self) -> Target | None:
+        """The catalog target the plan is for (hardware that is not here), or None for this machine."""
+        return target_of(self.args.target)
+
+    @cached_property
     def rows(self) -> list[BackendStatus]:
-        """Every backend row as nbhw's probes see it now (no device is touched)."""
-        return backends.probe_all()
+        """Every backend row as nbhw's probes see it now (no device is touched); for a catalog target, the rows
+        detection would give on it: its memory is the budget (see for_target)."""
+        return self.target.rows() if self.target is not None else backends.probe_all()
 
     @cached_property
     def checkpoint_dtype(self) -> str:
@@ -171,7 +179,7 @@ class LoadPlan(Shown):
         return self.args.batch
 
     @cached_property
-    def target(self) -> str:
+    def run_target(self) -> str:
         """Whose attention kernels size the run: "cpu" (torch's own choice) or "cuda" (for every accelerator)."""
         return run_plan.target(self)
 
@@ -206,9 +214,14 @@ class LoadPlan(Shown):
         return meta_build.needs_download(self.args.attn_implementation)
 
     @cached_property
+    def _attn_on_target(self) -> bool:
+        # A build here can't answer for flash attention or a Hub kernel on the target: the rules do (for_target).
+        return self.target is not None and for_target.device_dependent(self.args.attn_implementation)
+
+    @cached_property
     def build(self) -> meta_build.MetaBuild | None:
         """The meta build with your dtype and attn_implementation (None without a config or if it needs a download)."""
-        if not self.config.available or self._attn_download:
+        if not self.config.available or self._attn_download or self._attn_on_target:
             return None
         return cached_build(self.config.config, self.auto_class, self.dtype, self.args.attn_implementation)
 
@@ -227,8 +240,9 @@ class LoadPlan(Shown):
         """The quantizer sizes are computed with, when quantization is asked for."""
         if self.args.quantization is None:
             return None
+        device = self.target.device() if self.target is not None else None
         with meta_build.quiet():
-            return PlanningQuantizer(self.args.quantization)
+            return PlanningQuantizer(self.args.quantization, self.dtype, device, self.args.device_map)
 
     # ------------------------------------------------------------ estimate and placement
 
@@ -274,14 +288,17 @@ class LoadPlan(Shown):
         if model is None:
             return None
         try:
-            return run.run_estimate(model, batch=1, context=max(tokens, 2), target=self.target).cache_decode_bytes
+            return run.run_estimate(model, batch=1, context=max(tokens, 2), target=self.run_target).cache_decode_bytes
         except run.DryRunError:
             return None
 
     @cached_property
     def live(self) -> LiveMemory:
-        """The free memory device_map="auto" would fill here, read now."""
-        return live_memory(self.rows)
+        """The free memory device_map="auto" would fill here, read now (a target's: its catalog memory)."""
+        found = live_memory(self.rows)
+        if self.target is not None:
+            found.source = f"the {self.target.label}'s memory (nbhw's catalog)"
+        return found
 
     @cached_property
     def weight_placement(self) -> Placement | None:
@@ -289,7 +306,8 @@ class LoadPlan(Shown):
         model = self.meta_model
         if model is None:
             return None
-        return place(model, self.args, quantizer=self.quantizer, default_device=self.default_device, live=self.live)
+        found = place(model, self.args, quantizer=self.quantizer, default_device=self.default_device, live=self.live)
+        return for_target.unlisted_budgets(found, self.target) if self.target is not None else found
 
     @cached_property
     def placement(self) -> Placement | None:
@@ -360,7 +378,7 @@ class LoadPlan(Shown):
         build = self.build
         if build is not None and not build.ok:
             problems.append(f"transformers refuses the model build: {build.error_type}: {build.error}")
-        problems += self._quantization_problems()
+        problems += self._quantization_problems() if self.target is None else self._target_problems()
         placement = self.weight_placement
         if placement is not None:
             problems += placement.problems
@@ -368,7 +386,27 @@ class LoadPlan(Shown):
             problems += self._device_problems(placement)
             if build is not None and build.ok:
                 problems += self._flash_problems(placement)
+            if self.target is not None:
+                used = list(placement.device_map.values())
+                problems += for_target.unused_devices(used, self.target, placement.strategy)
         return problems
+
+    def _target_problems(self) -> list[str]:
+        """What a build here can't answer for the target: its attention rules and its quantization checks."""
+        assert self.target is not None
+        found = for_target.attention_problems(
+            self.model, self.args.attn_implementation, self.dtype, self.target, self.offline
+        )
+        quantization, _ = self._target_quantization
+        return found + quantization
+
+    @cached_property
+    def _target_quantization(self) -> tuple[list[str], list[str]]:
+        assert self.target is not None
+        config = self.config.config
+        return for_target.quantization_findings(
+            self.args.quantization, config, self.args.device_map, self.dtype, self.target
+        )
 
     def _kernel_problems(self) -> list[str]:
         if not self.args.use_kernels:
@@ -381,8 +419,6 @@ class LoadPlan(Shown):
         prequantized = getattr(self.config.config, "quantization_config", None) is not None
         if self.args.quantization is None and not prequantized:
             return []
-        from transformers import BitsAndBytesConfig  # lazy: import nbhw and %load_ext nbhw stay free of transformers
-
         # lazy: import nbhw and %load_ext nbhw stay free of transformers
         from transformers.integrations.accelerate import check_and_set_device_map
 
@@ -391,7 +427,9 @@ class LoadPlan(Shown):
 
         asked = None
         if self.args.quantization is not None:
-            asked = BitsAndBytesConfig(**{QUANTIZATION[self.args.quantization]: True})
+            asked, problem = build_config(method_key(self.args.quantization), self.dtype)
+            if asked is None:
+                return [f"quantization={self.args.quantization}: the config can't be built here: {problem}"]
         try:
             with meta_build.quiet():
                 device_map = check_and_set_device_map(copy.deepcopy(self.args.device_map))
@@ -523,13 +561,18 @@ def _dtype_note(plan: LoadPlan) -> str | None:
 
 def plan_notes(plan: LoadPlan, *, run: bool = True) -> list[str]:
     """Everything worth knowing that is not a problem (``run=False``: not yet what the run's dry run says)."""
-    out: list[str] = []
+    out: list[str] = for_target.notes(plan.target, plan.dtype) if plan.target is not None else []
+    if plan.target is not None and plan.config.available:
+        out += plan._target_quantization[1]
+        if plan._attn_on_target:
+            out.append(f"attn_implementation={plan.args.attn_implementation!r}: read from transformers' rules for the "
+                       f"{plan.target.accelerator.name}, not built here")  # fmt: skip
     if not plan.config.available:
         out.append(f"config not available, so the cell assumes a causal LM ({plan.auto_class})")
     out += plan.arguments.omitted
     out += [n for n in [_dtype_note(plan)] if n]
     attn = plan.args.attn_implementation
-    if attn is not None and plan.build is None and plan.config.available:
+    if attn is not None and plan.build is None and plan.config.available and not plan._attn_on_target:
         out.append(f"attn_implementation={attn!r} needs a Hub kernel download at load: not checked")
     if plan.args.use_kernels and not plan._kernel_problems():
         out.append("use_kernels=True needs Hub kernel downloads at load: not checked")
@@ -570,6 +613,7 @@ def plan_to_dict(plan: LoadPlan) -> dict[str, Any]:
         "config_source": plan.config.source,
         "auto_class": plan.auto_class,
         "arguments": argument.to_dict(args),
+        "target": plan.target.label if plan.target is not None else None,
         "dtype": plan.dtype if plan.config.available or args.dtype != "auto" else None,
         "code": plan.code,
         "problems": plan.check(),
@@ -588,7 +632,9 @@ def _placement_title(plan: LoadPlan, p: Placement) -> str:
     return f"{how}, against {p.budget_source}"
 
 
-def _problems_title(problems: list[str]) -> str:
+def _problems_title(problems: list[str], target: Target | None = None) -> str:
+    if not problems and target is not None:
+        return f"Dry run: transformers' checks, read for {target.label}, accept this plan"
     if not problems:
         return "Dry run: transformers accepts this plan here"
     return f"Dry run: {len(problems)} problem{'s' if len(problems) > 1 else ''}"
@@ -596,7 +642,8 @@ def _problems_title(problems: list[str]) -> str:
 
 def _header(plan: LoadPlan) -> str:
     where = plan.config.source or "not available"
-    return f"nbhw: load plan for {plan.model!r} (config: {where}; {plan.auto_class}, {plan.dtype})"
+    on = f" on {plan.target.label} — hardware that is not here" if plan.target is not None else ""
+    return f"nbhw: load plan for {plan.model!r}{on} (config: {where}; {plan.auto_class}, {plan.dtype})"
 
 
 def plan_text(plan: LoadPlan, *, code: bool = True) -> str:
@@ -605,7 +652,7 @@ def plan_text(plan: LoadPlan, *, code: bool = True) -> str:
     if code:
         lines += ["Code", *("    " + line if line else "" for line in plan.code.splitlines()), ""]
     problems = plan.check()
-    lines += [_problems_title(problems), *(f"  - {p}" for p in problems), ""]
+    lines += [_problems_title(problems, plan.target), *(f"  - {p}" for p in problems), ""]
     estimate = plan.estimate if plan.config.available else None
     if estimate is not None:
         rows = run_view.estimate_rows(plan, estimate)
@@ -633,7 +680,9 @@ def plan_html(plan: LoadPlan, *, code: bool = True, run: bool = True, searches: 
         parts.append(f'<pre class="nbhw-code">{esc(plan.code)}</pre>')
     problems = plan.check()
     items = "".join(f"<li>{esc(p)}</li>" for p in problems)
-    parts.append(f"<p><b>{esc(_problems_title(problems))}</b></p>" + (f"<ul>{items}</ul>" if items else ""))
+    parts.append(
+        f"<p><b>{esc(_problems_title(problems, plan.target))}</b></p>" + (f"<ul>{items}</ul>" if items else "")
+    )
     estimate = (plan.estimate if run else plan.weight_estimate) if plan.config.available else None
     if estimate is not None:
         rows = [list(r) for r in run_view.estimate_rows(plan, estimate, run=run, searches=searches)]

@@ -74,6 +74,7 @@ class LiveMemory:
     max_memory: dict[int | str, int]
     accelerator: str | None
     notes: list[str] = field(default_factory=list)
+    source: str = "this machine's free memory"  # what a placement says it was planned against
 
 
 @dataclass
@@ -271,7 +272,9 @@ def place(
     accelerator = (live.accelerator if live is not None else None) or accelerator_type()
     strategy = args.device_map if isinstance(args.device_map, str) and args.device_map in strategy_names() else None
     budget = user_budget if user_budget is not None else (live.max_memory if live is not None else None)
-    source = "the max_memory you gave" if user_budget is not None else "this machine's free memory"
+    source = (
+        "the max_memory you gave" if user_budget is not None else live.source if live else "this machine's free memory"
+    )
     notes = list(live.notes) if live is not None and user_budget is None else []
     if strategy is not None:
         try:

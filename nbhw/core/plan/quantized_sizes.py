@@ -1,62 +1,43 @@
-"""Quantized weight sizes for planning: transformers' bitsandbytes quantizer, usable without bitsandbytes."""
+"""Quantized weight sizes for planning: any method transformers quantizes on load, sized without its package."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from nbhw.core.plan.arguments import QUANTIZATION
+from nbhw.core.advice.quantization_methods import build_config, method_key
+from nbhw.core.advice.quantization_sizes import SizingQuantizer
+from nbhw.core.hf.as_if import AsIf, TargetDevice
 
 
-class PlanningQuantizer:
-    """transformers' bitsandbytes quantizer, sized without bitsandbytes installed.
+class PlanningQuantizer(SizingQuantizer):
+    """The quantizer transformers' sizing and device_map code see for a plan's ``quantization`` word.
 
-    ``param_needs_quantization`` needs the bnb layers; here a weight is quantized by the rule replace_with_bnb_linear
-    applies (an ``nn.Linear``/``Conv1D`` not among get_modules_to_not_convert). Environment failures are the dry
-    run's to report; the device_map checks transformers makes are kept in ``errors``.
+    Sizes come from :class:`~nbhw.core.advice.quantization_sizes.SizingQuantizer` (transformers' element size, or
+    the config's bits, plus the format's scales). The device_map checks transformers makes while placing
+    (``validate_environment(device_map=...)``) run with the method's real quantizer, as if on the plan's target
+    when it has one; a refusal is kept in ``errors`` for the dry run, a missing package is the dry run's to report.
     """
 
-    def __init__(self, quantization: str) -> None:
-        from transformers import BitsAndBytesConfig  # lazy: import nbhw and %load_ext nbhw stay free of transformers
-
-        # lazy: import nbhw and %load_ext nbhw stay free of transformers
-        from transformers.quantizers.auto import AutoHfQuantizer
-
-        self.real = AutoHfQuantizer.from_config(
-            BitsAndBytesConfig(**{QUANTIZATION[quantization]: True}), pre_quantized=False
-        )
-        self.errors: list[str] = []
-        self._skip: list[str] | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.real, name)
-
-    def param_needs_quantization(self, model: Any, param_name: str, **kwargs: Any) -> bool:
-        import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
-        from transformers.pytorch_utils import Conv1D  # lazy: import nbhw and %load_ext nbhw stay free of transformers
-
-        # lazy: import nbhw and %load_ext nbhw stay free of transformers
-        from transformers.quantizers.quantizers_utils import should_convert_module
-
-        module_name, _, leaf = param_name.rpartition(".")
-        module = model.get_submodule(module_name)
-        if leaf == "bias" or not (type(module) is torch.nn.Linear or isinstance(module, Conv1D)):
-            return False
-        if self._skip is None:
-            cfg = self.real.quantization_config
-            keep = list(getattr(model, "_keep_in_fp32_modules", None) or [])
-            self._skip = self.real.get_modules_to_not_convert(model, cfg.llm_int8_skip_modules, keep)
-        return bool(should_convert_module(module_name, self._skip))
-
-    def param_element_size(self, model: Any, param_name: str, param: Any) -> float:
-        size = self.real.quantized_element_size
-        if size is not None and self.param_needs_quantization(model, param_name):
-            return float(size)
-        return float(param.element_size())
+    def __init__(
+        self, quantization: str, dtype: str = "float16", device: TargetDevice | None = None, device_map: Any = None
+    ) -> None:
+        key = method_key(quantization)
+        config, problem = build_config(key, dtype)
+        super().__init__(key, config)
+        self.device = device
+        if config is None:
+            self.errors.append(f"quantization={quantization!r}: the config can't be built here: {problem}")
+            return
+        # As from_pretrained does before sizing anything: a method may decide here to load dequantized (fp8 below
+        # compute capability 8.9), and then its weights keep their dtype.
+        self.validate_environment(device_map=device_map, weights_only=True)
 
     def validate_environment(self, *args: Any, **kwargs: Any) -> None:
         try:
-            self.real.validate_environment(*args, **kwargs)
+            AsIf(self.device).call(type(self.real).validate_environment, self.real, *args, **kwargs)
         except ImportError:
-            pass  # bitsandbytes missing: the dry run says so
+            pass  # the package is missing: the dry run says so
         except Exception as exc:
-            self.errors.append(f"quantization: {type(exc).__name__}: {' '.join(str(exc).split())}")
+            error = f"quantization: {type(exc).__name__}: {' '.join(str(exc).split())}"
+            if error not in self.errors:
+                self.errors.append(error)

@@ -106,14 +106,15 @@ def _cuda_context_exists() -> bool:
 def reserve(label: Hashable, plan: Any) -> Reserve | None:
     """What the framework holds on one device outside tensors; None for disk (nothing runs there)."""
     backend = backend_of(label, plan)
-    live_budget = plan.args.max_memory is None
+    # Free memory read now counts what this process already holds; a catalog target's memory is the whole device's.
+    live_budget = plan.args.max_memory is None and plan.target is None
+    override = plan.args.reserve_bytes
     if backend in (DISK, "meta"):
         return None
     if backend == "cpu":
         if live_budget:
             return Reserve("cpu", 0, "already in use: this process's imports count in the free memory read now", "")
-        return run.framework_reserve("cpu")
-    override = plan.args.reserve_bytes
+        return run.framework_reserve("cpu", override=override)
     if override is None and live_budget and backend in ("cuda", "rocm") and _cuda_context_exists():
         return Reserve(backend, 0, "this process's CUDA context exists: the free memory read now counts it", "")
     info = _device_info(label, plan)
@@ -148,7 +149,7 @@ def dry_run(plan: Any) -> Outcome:
     try:
         found = run.run_estimate(
             model, batch=plan.batch, context=plan.context, encoder_tokens=plan.args.encoder_length,
-            target=plan.target, device_map=dict(placement.device_map),
+            target=plan.run_target, device_map=dict(placement.device_map),
         )  # fmt: skip
     except run.DryRunError as exc:
         return Outcome(None, str(exc))
@@ -257,7 +258,7 @@ def context_fit(plan: Any) -> Fit | None:
         return too_big
     try:
         return run.max_context(
-            plan.meta_model, limits(plan, outcome), batch=plan.batch, target=plan.target, start=plan.context,
+            plan.meta_model, limits(plan, outcome), batch=plan.batch, target=plan.run_target, start=plan.context,
             device_map=dict(plan.weight_placement.device_map), encoder_tokens=plan.args.encoder_length,
         )  # fmt: skip
     except run.DryRunError:
@@ -274,7 +275,7 @@ def batch_fit(plan: Any) -> Fit | None:
         return too_big
     try:
         return run.max_batch(
-            plan.meta_model, limits(plan, outcome), context=plan.context, target=plan.target,
+            plan.meta_model, limits(plan, outcome), context=plan.context, target=plan.run_target,
             device_map=dict(plan.weight_placement.device_map), encoder_tokens=plan.args.encoder_length,
             limit=BATCH_LIMIT,
         )  # fmt: skip

@@ -226,7 +226,7 @@ def run_dict(plan: Any) -> dict[str, Any]:
     return {
         "context": plan.context,
         "batch": plan.batch,
-        "target": plan.target,
+        "run_target": plan.run_target,
         "max_context": plan.max_context,
         "max_batch": plan.max_batch,
         "run": plan.run.to_dict() if plan.run is not None else None,
