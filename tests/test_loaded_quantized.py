@@ -29,8 +29,11 @@ plan = nbhw.plan(quantization="4bit", device_map="cpu")
 ip.run_cell(plan.code, store_history=True).raise_error()
 found = nbhw.loaded()["model"]
 model = ip.user_ns["model"]
-truth = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-             for t in [*model.parameters(), *model.buffers()]}.values())
+tensors = [*model.parameters(), *model.buffers()]
+# bitsandbytes' own view of each 4-bit weight's state: absmax and the code, kept beside the packed data
+tensors += [v for p in model.parameters() if getattr(p, "quant_state", None) is not None
+            for v in p.quant_state.as_dict().values() if hasattr(v, "untyped_storage")]
+truth = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
 print(json.dumps({"loaded": found.loaded.to_dict(), "differences": [vars(d) for d in found.comparison.differences],
                   "truth": truth}))
 """

@@ -4,7 +4,8 @@ Everything comes from what transformers and accelerate set on the model: ``confi
 sub-config's), ``hf_device_map``, ``hf_quantizer``, the parameters' and buffers' dtypes and devices, the dtype plan
 ``from_pretrained`` applied (``_get_dtype_plan``: the modules kept in float32), and the forwards ``use_kernels``
 swapped (the ``kernels`` library replaces ``module.forward`` on each layer marked ``kernel_layer_name``). Bytes per
-device are summed over the parameters and buffers, each storage once (tied weights, views); a tensor on the meta
+device are summed over the parameters and buffers (and a quantized weight's own side tensors, such as
+bitsandbytes' quant_state), each storage once (tied weights, views); a tensor on the meta
 device is named for where accelerate keeps it (``disk``, or ``cpu`` when offloaded there) at its loaded size.
 Nothing here imports transformers: a model exists only if the user's code imported it.
 """
@@ -253,13 +254,52 @@ def _tensors(model: Any) -> Iterator[tuple[str, Any]]:
     yield from model.named_buffers()
 
 
+def _is_tensor(value: object) -> bool:
+    return hasattr(value, "untyped_storage") and hasattr(value, "device")
+
+
+def side_tensors(parameter: Any) -> list[Any]:
+    """Tensors a quantized parameter keeps beside its data, outside parameters and buffers: bitsandbytes'
+    ``quant_state`` (absmax, code, a nested state) on a 4-bit weight, ``SCB`` on an 8-bit one."""
+    if type(parameter).__name__ in ("Parameter", "Tensor"):
+        return []
+    found: list[Any] = []
+    try:
+        attributes = list(vars(parameter).values())
+    except TypeError:
+        return []
+    for value in attributes:
+        if _is_tensor(value):
+            found.append(value)
+        elif type(value).__name__ == "QuantState":
+            found += _state_tensors(value)
+    return found
+
+
+def _state_tensors(state: Any, depth: int = 0) -> list[Any]:
+    found: list[Any] = []
+    for value in vars(state).values():
+        if _is_tensor(value):
+            found.append(value)
+        elif type(value).__name__ == "QuantState" and depth < 2:
+            found += _state_tensors(value, depth + 1)  # the nested state of double quantization
+    return found
+
+
+def _all_tensors(model: Any) -> Iterator[tuple[str, Any]]:
+    for name, tensor in _tensors(model):
+        yield name, tensor
+        for i, extra in enumerate(side_tensors(tensor)):
+            yield f"{name}#{i}", extra
+
+
 def tensor_bytes(model: Any) -> tuple[DeviceBytes, ...]:
     """Bytes per device over the parameters and buffers, each storage once; meta tensors named for where
     accelerate keeps them, at their loaded size."""
     device_map = device_map_of(model)
     seen: set[tuple[str, int]] = set()
     totals: dict[tuple[str, bool], list[int]] = {}
-    for name, tensor in _tensors(model):
+    for name, tensor in _all_tensors(model):
         if tensor.device.type == META:
             device = mapped_device(name, device_map) or META
             key, nbytes, offloaded = (META, id(tensor)), tensor.numel() * tensor.element_size(), device != META
@@ -279,7 +319,7 @@ def tensor_bytes(model: Any) -> tuple[DeviceBytes, ...]:
 
 def _dtype_bytes(model: Any) -> dict[str, int]:
     found: dict[str, int] = {}
-    for _, tensor in _tensors(model):
+    for _, tensor in _all_tensors(model):
         key = _dtype(tensor.dtype)
         found[key] = found.get(key, 0) + tensor.numel() * tensor.element_size()
     return dict(sorted(found.items(), key=lambda kv: -kv[1]))
