@@ -79,7 +79,7 @@ def _load(args: argparse.Namespace) -> int:
 
 
 def _session_only(args: argparse.Namespace) -> int:
-    """holders and free read the running session's tensors: a new process has none (nbhw.commands.Command)."""
+    """holders, free, loaded and pin read the running session's tensors and models: a new process has none."""
     raise UserError(
         f"nbhw {args.command}: only inside a running Python session (%hw {args.command} in IPython or Jupyter, "
         f"nbhw.{args.command}() in Python); a new `python -m nbhw` process holds none of your tensors"
@@ -113,6 +113,8 @@ RUNNERS = {
     "doctor": _doctor,
     "holders": _session_only,
     "free": _session_only,
+    "loaded": _session_only,
+    "pin": _session_only,
 }
 
 

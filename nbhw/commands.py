@@ -20,6 +20,7 @@ from nbhw.core.advice.arguments import ADVICE_ARGUMENTS, QUANTIZATION_ARGUMENTS
 from nbhw.core.argument import EMIT, JSON, MODEL, OFFLINE, Argument
 from nbhw.core.errors import UserError
 from nbhw.core.hardware.targets import VENDOR
+from nbhw.core.measured.arguments import PIN_ARGUMENTS
 from nbhw.core.memory.arguments import FREE_ARGUMENTS, HOLDERS_ARGUMENTS, MEMORY_ARGUMENTS
 from nbhw.core.plan.arguments import PLAN_ARGUMENTS
 from nbhw.core.train.arguments import TRAIN_ARGUMENTS
@@ -87,6 +88,18 @@ COMMANDS = (
         (MODEL, *TRAIN_ARGUMENTS, OFFLINE, EMIT, JSON),
     ),
     Command("report", "environment report for bug reports", (JSON,)),
+    Command(
+        "loaded",
+        "the transformers models in this session: attention, dtypes, device map, bytes per device, and the plan "
+        "that wrote their cell beside them",
+        (JSON,),
+    ),
+    Command(
+        "pin",
+        "write what ran with a loaded model to a small JSON (versions, arguments, attention, kernels, device map, "
+        "bytes, peaks); %hw load --pinned PATH checks a later run against it",
+        PIN_ARGUMENTS,
+    ),
     Command(
         "doctor",
         "pre-flight checks of the installed binaries: what will fail before memory, when, and the command "

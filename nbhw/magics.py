@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from IPython import get_ipython
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.display import display
@@ -16,6 +17,7 @@ from nbhw import commands
 from nbhw.core.advice.arguments import ADVICE_ARGUMENTS, QUANTIZATION_ARGUMENTS
 from nbhw.core.argument import given
 from nbhw.core.errors import UserError
+from nbhw.core.measured.arguments import PIN_ARGUMENTS
 from nbhw.core.memory.arguments import FREE_ARGUMENTS, HOLDERS_ARGUMENTS, MEMORY_ARGUMENTS
 from nbhw.core.memory.out_of_memory import is_out_of_memory
 from nbhw.core.plan.arguments import PLAN_ARGUMENTS
@@ -133,7 +135,7 @@ class HwMagics(Magics):
             display(plan.view(code=False))
         elif args.json:
             print(json.dumps(plan.to_dict(), indent=2))
-        elif in_kernel(self.shell):
+        elif in_kernel(self.shell) and plan.args.pinned is None:  # a pinned run shows beside the report, not a tab
             from nbhw.ui.panel import panel  # ipywidgets and plotly: only when a panel is asked for
 
             # The words as the plan read them ("half" is float16), for the arguments the line gave.
@@ -155,6 +157,18 @@ class HwMagics(Magics):
 
         self._show(session.shell_free(self.shell, **commands.values(args, FREE_ARGUMENTS)), args)
 
+    def _run_loaded(self, args: argparse.Namespace) -> None:
+        from nbhw import session  # lazy: see above
+
+        self._show(session.loaded(), args)
+
+    def _run_pin(self, args: argparse.Namespace) -> None:
+        from nbhw import session  # lazy: see above
+
+        asked = commands.values(args, PIN_ARGUMENTS)
+        pinned = session.pin(asked.get("model"), asked.get("path"))
+        print(f"nbhw: pinned {pinned.data['model_class']} ({pinned.model}) to {pinned.path}")
+
 
 def _memory() -> Any:
     # The sampler and its cell log are imported only by %hw memory / nbhw.monitor(): until then a hook is a lookup.
@@ -171,16 +185,24 @@ def _nbhw_pre_run_cell(info: Any) -> None:
 def _nbhw_post_run_cell(result: Any) -> None:
     """Per-cell memory: the cell ended (main thread); ``result.info`` is the object pre_run_cell saw.
 
-    After a cell that ran out of memory, the report below its error; any other cell costs an attribute read.
+    After a cell that ran out of memory, the report below its error; once transformers is imported, the models
+    that appeared are tied to this cell (nbhw.loaded()); any other cell costs an attribute read.
     """
     memory = _memory()
     if memory is not None and result is not None:
         memory.cell_finished(result.info, result.execution_count, result.success)
     error = getattr(result, "error_in_exec", None)
-    if error is not None and is_out_of_memory(error):
-        from nbhw import session  # lazy: only a cell that ran out of memory imports the walker
+    out_of_memory = error is not None and is_out_of_memory(error)
+    shell = get_ipython()
+    models = result is not None and shell is not None and "transformers" in sys.modules
+    if out_of_memory or models:
+        # lazy: only a cell that ran out of memory, or once the user's code imported transformers (models exist)
+        from nbhw import session
 
-        session.show_out_of_memory(result)
+        if models:
+            session.after_cell(shell, result)  # after the record: the models tie to it
+        if out_of_memory:
+            session.show_out_of_memory(result)
 
 
 CELL_EVENTS = {"pre_run_cell": _nbhw_pre_run_cell, "post_run_cell": _nbhw_post_run_cell}

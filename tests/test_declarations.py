@@ -43,6 +43,7 @@ SHOWN = {
     "batch": 4,
     "encoder_length": None,
     "reserve": "600MiB",
+    "pinned": None,  # a pinned run to compare with: read by the plan, not passed to from_pretrained
 }
 
 

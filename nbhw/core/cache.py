@@ -44,6 +44,11 @@ class Recent(Generic[T]):
         with self._lock:
             return self._items.get(key)
 
+    def values(self) -> list[T]:
+        """The kept results, oldest first."""
+        with self._lock:
+            return list(self._items.values())
+
     def clear(self) -> None:
         """Forget every result."""
         with self._lock:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -46,6 +47,7 @@ GRAPH_CLASS = "nbhw-memory-graph"
 STATUS_CLASS = "nbhw-memory-status"
 ERRORS_CLASS = "nbhw-memory-errors"
 CELLS_CLASS = "nbhw-memory-cells"
+LOADED_CLASS = "nbhw-memory-loaded"
 
 _views: list[MemoryView] = []
 _shared: dict[str, MemoryView] = {}
@@ -187,7 +189,7 @@ class MemoryView:
         self._peak_index: dict[int, int] = {}
         self._signature: tuple[Any, ...] | None = None
         self._sent_at = -math.inf
-        self._cells_version = -1
+        self._cells_version: tuple[int, int] = (-1, -1)
         self._shapes: list[dict[str, Any]] = []
         self._sent: dict[str, np.ndarray] = {}
         self.box = box_class(layout=ipywidgets.Layout(width=f"{width + 20}px"))
@@ -241,6 +243,7 @@ class MemoryView:
             self.sampler.interval,
             tuple(round(latest[k] / MIB) if k in latest else None for k in keys),
             self.log.version,
+            _loaded_lines()[0],
             len(data.errors),
         )
         if not force and signature == self._signature and now - self._sent_at < self.refresh:
@@ -454,9 +457,10 @@ class MemoryView:
             f"⚠ {esc(name)}: {esc(message)} (its traces are empty; the others continue)"
             for name, message in data.errors.items()
         )
-        if self.log.version != self._cells_version:
-            self._cells_version = self.log.version
-            self.table.value = cells_html(self.log)
+        version, lines = _loaded_lines()
+        if (self.log.version, version) != self._cells_version:
+            self._cells_version = (self.log.version, version)
+            self.table.value = cells_html(self.log) + loaded_html(lines)
 
 
 def _machine(trace: Trace) -> bool:
@@ -482,6 +486,24 @@ def cells_html(log: CellLog, n: int = 5) -> str:
         return "<b>Cells that used the most memory</b>: none yet (cells are recorded while sampling runs)"
     table = html_table(summary.CELL_HEADERS, rows, css_class="nbhw-table nbhw-memory-table")
     return f"<b>Cells that used the most memory</b>{table}"
+
+
+def _loaded_lines() -> tuple[int, dict[int, list[str]]]:
+    """The lines the cell hook noted for cells that loaded a model (nothing before transformers is imported)."""
+    report = sys.modules.get("nbhw.core.measured.report")
+    return report.noted_cell_lines() if report is not None else (-1, {})
+
+
+def loaded_html(lines: dict[int, list[str]]) -> str:
+    """The Memory tab's lines for the cells that loaded a model still alive, newest cell first."""
+    if not lines:
+        return ""
+    items = "".join(
+        f'<li data-cell="{count}">[{count}] {esc(line)}</li>'
+        for count in sorted(lines, reverse=True)
+        for line in lines[count]
+    )
+    return f'<div class="{LOADED_CLASS}"><b>Cells that loaded a model</b> (%hw loaded for all)<ul>{items}</ul></div>'
 
 
 class Monitor:

@@ -22,6 +22,7 @@ from nbhw.core.hardware import backends
 from nbhw.core.hardware.targets import TARGET, check_target_args
 from nbhw.core.hf import library_source
 from nbhw.core.hf.meta_build import is_hub_kernel, quiet
+from nbhw.core.plan.pinned import check_pinned
 from nbhw.core.render import py_literal
 
 # --quantize word -> the BitsAndBytesConfig flag it sets (the other words are transformers' method keys).
@@ -388,6 +389,13 @@ class PlanArgs:
         metavar="SIZE", check=check_reserve,
         help="memory each accelerator holds outside tensors (CUDA context, cuBLAS workspaces), e.g. 600MiB; "
         "default: nbhw's stated figure for the backend",
+    )  # fmt: skip
+
+    # A pinned run to check this one against: its arguments fill in what the call does not give.
+    pinned: str | None = argument(
+        metavar="PATH", check=check_pinned,
+        help="a JSON file nbhw.pin() / %hw pin wrote: plan that run again (its model and arguments, where not "
+        "given) and compare with what it measured",
     )  # fmt: skip
 
     @property

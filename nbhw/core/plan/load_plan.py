@@ -17,6 +17,7 @@ from typing import Any
 from nbhw.core import argument, render
 from nbhw.core.advice.quantization_methods import build_config, method_key
 from nbhw.core.cache import Recent
+from nbhw.core.errors import UserError
 from nbhw.core.hardware import backends, presence
 from nbhw.core.hardware.data import BackendStatus
 from nbhw.core.hardware.targets import Target, target_of
@@ -26,6 +27,7 @@ from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.core.plan import codegen, estimate, for_target, run, run_plan, run_view
 from nbhw.core.plan.arguments import DISK, PLAN_ARGUMENTS, PlanArgs, plan_args
 from nbhw.core.plan.estimate import Estimate
+from nbhw.core.plan.pinned import Pin, plan_beside_pin, read_pin
 from nbhw.core.plan.placement import LiveMemory, Placement, live_memory, place
 from nbhw.core.plan.preflight import warnings as preflight_warnings
 from nbhw.core.plan.quantized_sizes import PlanningQuantizer
@@ -34,6 +36,10 @@ from nbhw.core.render import Shown
 
 BUILD_CACHE_SIZE = 6
 _BUILDS: Recent[meta_build.MetaBuild] = Recent(BUILD_CACHE_SIZE)
+WRITTEN_PLANS = 32
+# The plans whose cell was written (code asked for), newest last: a cell that runs one of them is matched to its
+# plan after it ran (nbhw.loaded()). Meta models are small; 32 plans are a few Load tab sessions.
+_WRITTEN: Recent[LoadPlan] = Recent(WRITTEN_PLANS)
 FALLBACK_AUTO_CLASS = "AutoModelForCausalLM"
 
 
@@ -192,7 +198,14 @@ class LoadPlan(Shown):
     @cached_property
     def code(self) -> str:
         """The cell a person would write: imports, tokenizer, from_pretrained, a short generation."""
-        return codegen.cell(self.model, self.auto_class, self.arguments)
+        code = codegen.cell(self.model, self.auto_class, self.arguments)
+        _WRITTEN.put(code, self)  # after the cell runs, nbhw.loaded() finds the plan that wrote it
+        return code
+
+    @cached_property
+    def pinned(self) -> Pin | None:
+        """The pinned run this plan is checked against (``pinned=path``), read and checked."""
+        return None if self.args.pinned is None else read_pin(self.args.pinned)
 
     # ------------------------------------------------------------ meta builds
 
@@ -486,6 +499,22 @@ class PlanView(Shown):
         return self.plan.html(code=self.code)
 
 
+def written_plans() -> list[LoadPlan]:
+    """The plans whose cell nbhw wrote in this process, newest first."""
+    return list(reversed(_WRITTEN.values()))
+
+
+def _with_pinned(model: str | Path | None, arguments: dict[str, Any]) -> tuple[str | Path | None, dict[str, Any]]:
+    """The pinned run's model and arguments, under those the call gives."""
+    pin = read_pin(arguments["pinned"])
+    given = {k: v for k, v in (pin.arguments or {}).items() if k != "pinned"}
+    try:
+        plan_args(**given)
+    except UserError as exc:
+        raise UserError(f"pinned file {pin.path!r}: its arguments are not valid here: {exc}") from None
+    return (pin.model if model is None else model), {**given, **arguments}
+
+
 def from_words(args: Any) -> LoadPlan:
     """A plan from the parsed words of ``%hw load`` / ``python -m nbhw load`` (see nbhw.commands)."""
     return plan(args.model, offline=args.offline, **argument.given(args, PLAN_ARGUMENTS))
@@ -502,6 +531,8 @@ def plan(model: str | Path | None = None, *, offline: bool = False, **arguments:
     >>> p = nbhw.plan("Qwen/Qwen3-0.6B", dtype="bfloat16")   # doctest: +SKIP
     >>> print(p.code); p.check(); p.estimate; p.placement     # doctest: +SKIP
     """
+    if arguments.get("pinned") is not None:
+        model, arguments = _with_pinned(model, arguments)
     name = str(tiny_model_path() if model is None else model)
     model_config.kind(name)  # a mistyped path or id is a UserError now, not a problem later
     made = LoadPlan(name, plan_args(**arguments), offline=offline)
@@ -566,6 +597,12 @@ def plan_notes(plan: LoadPlan, *, run: bool = True) -> list[str]:
     return out
 
 
+def _pinned_title(plan: LoadPlan) -> str:
+    pin = plan.pinned
+    assert pin is not None
+    return f"Pinned run ({pin.path}): {pin.data.get('model_class', '?')}, created {pin.data.get('created', '?')}"
+
+
 def plan_to_dict(plan: LoadPlan) -> dict[str, Any]:
     """Plain JSON-ready data."""
     args = plan.args
@@ -584,6 +621,7 @@ def plan_to_dict(plan: LoadPlan) -> dict[str, Any]:
         "estimate": estimate.to_dict() if estimate is not None else None,
         "placement": placement.to_dict() if placement is not None else None,
         **(run_view.run_dict(plan) if plan.config.available else {}),
+        "pinned": None if plan.pinned is None else {"path": plan.pinned.path, "differences": plan_beside_pin(plan)},
     }
 
 
@@ -625,6 +663,9 @@ def plan_text(plan: LoadPlan, *, code: bool = True) -> str:
         lines += [f"Placement: {placement.verdict}", f"  {_placement_title(plan, placement)}"]
         table = render.text_table(run_view.share_headers(placement), run_view.share_rows(placement), indent="  ")
         lines += [table, ""]
+    if plan.pinned is not None:
+        beside = plan_beside_pin(plan) or ["as pinned: same versions, arguments and weights per device"]
+        lines += [_pinned_title(plan), *(f"  - {n}" for n in beside), ""]
     extra = plan_notes(plan)
     if extra:
         lines += ["Notes", *(f"  - {n}" for n in extra)]
@@ -650,6 +691,10 @@ def plan_html(plan: LoadPlan, *, code: bool = True, run: bool = True, searches: 
     if placement is not None:
         parts.append(f"<p><b>Placement: {esc(placement.verdict)}</b><br>{esc(_placement_title(plan, placement))}</p>")
         parts.append(render.html_table(run_view.share_headers(placement), run_view.share_rows(placement)))
+    if plan.pinned is not None:
+        beside = plan_beside_pin(plan) or ["as pinned: same versions, arguments and weights per device"]
+        items = "".join(f"<li>{esc(n)}</li>" for n in beside)
+        parts.append(f"<p><b>{esc(_pinned_title(plan))}</b></p><ul>{items}</ul>")
     extra = plan_notes(plan, run=run)
     if extra:
         parts.append("<p><b>Notes</b></p><ul>" + "".join(f"<li>{esc(n)}</li>" for n in extra) + "</ul>")
