@@ -135,7 +135,8 @@ class HwMagics(Magics):
             display(plan.view(code=False))
         elif args.json:
             print(json.dumps(plan.to_dict(), indent=2))
-        elif in_kernel(self.shell) and plan.args.pinned is None:  # a pinned run shows beside the report, not a tab
+        elif in_kernel(self.shell) and all(a.control for a in PLAN_ARGUMENTS if a.name in given(args, PLAN_ARGUMENTS)):
+            # The Load tab, when it has a control for every argument the line gave (--reserve, --pinned: the report).
             from nbhw.ui.panel import panel  # ipywidgets and plotly: only when a panel is asked for
 
             # The words as the plan read them ("half" is float16), for the arguments the line gave.

@@ -390,3 +390,17 @@ def test_a_plan_asked_again_reuses_its_dry_runs(tmp_path: Path) -> None:
     assert first.run is not None
     again = nbhw.plan(folder, context=500)
     assert again.run is first.run  # the same model object (cached build), the same sizes: remembered
+
+
+def test_in_a_kernel_a_word_the_load_tab_has_no_control_for_shows_the_report(ip: Any, monkeypatch: Any) -> None:
+    """--reserve has no Load-tab control: in a kernel the line shows the plan's report instead of refusing it."""
+    from nbhw import magics
+    from nbhw.core.plan.load_plan import LoadPlan
+
+    shown: list[Any] = []
+    monkeypatch.setattr(magics, "in_kernel", lambda shell: True)
+    monkeypatch.setattr(magics, "display", shown.append)
+    ip.run_line_magic("load_ext", "nbhw")
+    ip.run_line_magic("hw", "load --context 200 --reserve 600MiB --device-map cpu")
+    [plan] = shown
+    assert isinstance(plan, LoadPlan) and plan.args.reserve == "600MiB" and plan.context == 200
