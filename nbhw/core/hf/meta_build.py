@@ -126,6 +126,22 @@ def forced_offline() -> Iterator[None]:
             constants.HF_HUB_OFFLINE = old
 
 
+class _Depth(threading.local):
+    value = 0
+
+
+_quiet_depth = _Depth()
+
+
+@contextlib.contextmanager
+def _deeper() -> Iterator[None]:
+    _quiet_depth.value += 1
+    try:
+        yield
+    finally:
+        _quiet_depth.value -= 1
+
+
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
     """Silence transformers' and accelerate's logging, warnings and progress bars; problems come back as values.
@@ -137,13 +153,17 @@ def quiet() -> Iterator[None]:
 
     accelerate = logging.getLogger("accelerate")
     with _settings_lock:
+        if _quiet_depth.value:  # already quiet in this thread: setting levels again costs logging's cache clears
+            with _deeper():
+                yield
+            return
         level, bars, acc_level = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled(), accelerate.level
         hf_logging.set_verbosity_error()
         accelerate.setLevel(logging.ERROR)
         # In a kernel a progress bar is a set of widgets nobody closes, shown in whichever cell runs.
         hf_logging.disable_progress_bar()
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), _deeper():
                 warnings.simplefilter("ignore")
                 yield
         finally:

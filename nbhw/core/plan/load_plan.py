@@ -30,7 +30,7 @@ from nbhw.core.plan.quantized_sizes import PlanningQuantizer
 from nbhw.core.plan.run import Fit, LoadPeak, Reserve
 from nbhw.core.render import Shown
 
-BUILD_CACHE_SIZE = 6
+BUILD_CACHE_SIZE = 32  # the solver plans every dtype x attention of a model
 _BUILDS: Recent[meta_build.MetaBuild] = Recent(BUILD_CACHE_SIZE)
 FALLBACK_AUTO_CLASS = "AutoModelForCausalLM"
 
@@ -97,11 +97,23 @@ class LoadPlan(Shown):
     Properties are computed on first use and kept: ``.placement`` reads free memory at that moment.
     """
 
-    def __init__(self, model: str, args: PlanArgs, *, offline: bool = False) -> None:
+    def __init__(
+        self,
+        model: str,
+        args: PlanArgs,
+        *,
+        offline: bool = False,
+        rows: list[BackendStatus] | None = None,
+        config: model_config.ModelConfig | None = None,
+    ) -> None:
         self.model = model
         self.args = args
         self.offline = offline
         self._problems: list[str] | None = None
+        if rows is not None:  # a machine read already (the solver plans many options against one read)
+            self.__dict__["rows"] = rows
+        if config is not None:  # the config as read already (one read for the solver's many plans of a model)
+            self.__dict__["config"] = config
 
     def __repr__(self) -> str:
         return f"LoadPlan(model={self.model!r}, {self.args})"
@@ -283,6 +295,20 @@ class LoadPlan(Shown):
         """The device_map transformers would compute; per device the weights, cache, activations and reserve of the
         run against the device's budget, and a verdict that counts the run; None without a config."""
         return run_plan.with_run(self)
+
+    @cached_property
+    def run_fits(self) -> bool | None:
+        """Whether the run fits every budget, as the verdict decides "fits", without searching for the largest
+        context (``placement.verdict`` does that when it does not fit); None when no dry run answers."""
+        with meta_build.quiet():
+            return run_plan.run_fits(self)
+
+    @property
+    def absent_devices(self) -> list[str]:
+        """The problems of ``check()`` that say a device of the placement is not on this machine (a plan for
+        other hardware, named by ``max_memory``, has them by design)."""
+        placement = self.weight_placement if self.config.available else None
+        return [] if placement is None else self._device_problems(placement)
 
     @cached_property
     def dry_run(self) -> run_plan.Outcome:
