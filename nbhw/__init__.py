@@ -21,6 +21,8 @@ _LAZY = {
     "Preflight": "nbhw.core.hardware.findings:Preflight",
     "UserError": "nbhw.core.errors:UserError",
     "plan": "nbhw.core.plan.load_plan:plan",
+    "fit": "nbhw.core.fit.solver:fit",
+    "FitResult": "nbhw.core.fit.solver:FitResult",
     "LoadPlan": "nbhw.core.plan.load_plan:LoadPlan",
     "monitor": "nbhw.ui.memory:monitor",
     "Monitor": "nbhw.ui.memory:Monitor",
@@ -30,6 +32,7 @@ _LAZY = {
 
 __all__ = [
     "AttentionAdvice",
+    "FitResult",
     "Hardware",
     "LoadPlan",
     "Monitor",
@@ -40,6 +43,7 @@ __all__ = [
     "attention",
     "detect",
     "doctor",
+    "fit",
     "load_ipython_extension",
     "monitor",
     "panel",

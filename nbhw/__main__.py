@@ -14,6 +14,7 @@ from nbhw.core.advice.arguments import ADVICE_ARGUMENTS
 from nbhw.core.advice.attention import advise
 from nbhw.core.argument import given
 from nbhw.core.errors import UserError
+from nbhw.core.fit.solver import from_words as fit_from_words
 from nbhw.core.hardware.detect import detect
 from nbhw.core.hardware.doctor import doctor
 from nbhw.core.hardware.report import report
@@ -66,12 +67,23 @@ def _load(args: argparse.Namespace) -> int:
     return 1 if plan.check() else 0
 
 
+def _fit(args: argparse.Namespace) -> int:
+    """Exit 1 when nothing fits (a script can stop before loading)."""
+    result = fit_from_words(args)
+    if args.emit and result.code is not None:
+        print(result.code, end="")
+    else:
+        _printed(result, args)
+    return 0 if result.plan is not None else 1
+
+
 # One runner per command of the table (nbhw.commands.COMMANDS); a test checks they match.
 RUNNERS = {
     "devices": _devices,
     "memory": _memory,
     "attention": _attention,
     "load": _load,
+    "fit": _fit,
     "report": _report,
     "doctor": _doctor,
 }

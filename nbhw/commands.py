@@ -19,6 +19,7 @@ from typing import Any, Literal, NoReturn
 from nbhw.core.advice.arguments import ADVICE_ARGUMENTS
 from nbhw.core.argument import EMIT, JSON, MODEL, OFFLINE, Argument
 from nbhw.core.errors import UserError
+from nbhw.core.fit.arguments import FIT_ARGUMENTS
 from nbhw.core.memory.arguments import MEMORY_ARGUMENTS
 from nbhw.core.plan.arguments import PLAN_ARGUMENTS
 
@@ -60,6 +61,12 @@ COMMANDS = (
         "(%hw: the panel's Load tab, pre-filled; --emit: the cell below)",
         (MODEL, *PLAN_ARGUMENTS, OFFLINE, EMIT, JSON),
         aliases=("plan",),
+    ),
+    Command(
+        "fit",
+        "make it fit: the best from_pretrained call for --context / --batch on this machine or --max-memory, by "
+        "nbhw's documented order, and why every option ahead of it lost (--emit: the cell below)",
+        (MODEL, *FIT_ARGUMENTS, *PLAN_ARGUMENTS, OFFLINE, EMIT, JSON),
     ),
     Command("report", "environment report for bug reports", (JSON,)),
     Command(

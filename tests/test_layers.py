@@ -28,6 +28,7 @@ LAZY = {
     ("nbhw/magics.py", "from nbhw.core.advice.attention import advise"),
     ("nbhw/magics.py", "from nbhw.core.plan.load_plan import from_words"),
     ("nbhw/magics.py", "from nbhw.core.hardware.doctor import doctor"),
+    ("nbhw/magics.py", "from nbhw.core.fit.solver import from_words as fit_from_words"),
     ("nbhw/__main__.py", "from nbhw.core import memory"),  # numpy only for `python -m nbhw memory`
 }
 

@@ -104,6 +104,12 @@ def options(checkpoint_dtype: str, pinned: dict[str, Any], *, has_budget: bool) 
 
 
 def memory_for(share: float, budget: dict[MemoryKey, int]) -> dict[MemoryKey, int | str]:
-    """max_memory with each accelerator's budget cut to ``share`` (the CPU's stays), in whole MiB as code reads."""
+    """max_memory with each accelerator's budget cut to ``share`` (the CPU's stays): whole MiB as code reads best,
+    bytes below 64 MiB (tiny test budgets)."""
     mib = 2**20
-    return {k: (f"{int(v * share) // mib}MiB" if k not in ("cpu", "disk", "mps") else v) for k, v in budget.items()}
+
+    def cut(v: int) -> int | str:
+        left = int(v * share)
+        return f"{left // mib}MiB" if left >= 64 * mib else left
+
+    return {k: (cut(v) if k not in ("cpu", "disk", "mps") else v) for k, v in budget.items()}

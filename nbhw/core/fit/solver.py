@@ -255,7 +255,7 @@ class FitResult(Shown):
     """The answer of ``nbhw.fit()``: ``.plan`` (a LoadPlan, None when nothing fits), ``.code``, ``.rejected``
     (every option ranked ahead of the answer, with its plan's reason) and ``.nearest`` (when nothing fits)."""
 
-    def __init__(self, model: str, args: FitArgs, search: Search, answer: Judged | None,
+    def __init__(self, model: str, args: FitArgs, search: Search, answer: Judged | None, *,
                  rejected: list[Rejected], nearest: list[Change], seconds: float) -> None:  # fmt: skip
         self.model = model
         self.args = args
@@ -343,7 +343,7 @@ def _pinned(values: dict[str, Any]) -> dict[str, Any]:
 
 def _conflicts(args: FitArgs, pinned: dict[str, Any]) -> None:
     device_map = pinned.get("device_map")
-    off = device_map in ("cpu", DISK) or isinstance(device_map, dict) and {"cpu", DISK} & set(device_map.values())
+    off = device_map in ("cpu", DISK) or (isinstance(device_map, dict) and {"cpu", DISK} & set(device_map.values()))
     if args.accelerators_only and off:
         raise UserError(f"accelerators_only=True but device_map={device_map!r} puts layers off the accelerators")
     memory = pinned.get("max_memory")
@@ -372,7 +372,8 @@ def fit(model: str | Path | None = None, *, offline: bool = False, **values: Any
     search = new_search(base.model, pinned, offline, args, base)
     answer, rejected = search.run()
     changes = nearest(search, args) if answer is None else []
-    return FitResult(base.model, args, search, answer, rejected, changes, time.perf_counter() - started)
+    return FitResult(base.model, args, search, answer, rejected=rejected, nearest=changes,
+                     seconds=time.perf_counter() - started)  # fmt: skip
 
 
 fit.__signature__ = argument.signature(fit, FIT_ARGUMENTS, PLAN_ARGUMENTS, keep=("model", "offline"))  # type: ignore[attr-defined]
