@@ -75,6 +75,12 @@ def _fit(args: argparse.Namespace) -> int:
     else:
         _printed(result, args)
     return 0 if result.plan is not None else 1
+def _session_only(args: argparse.Namespace) -> int:
+    """holders and free read the running session's tensors: a new process has none (nbhw.commands.Command)."""
+    raise UserError(
+        f"nbhw {args.command}: only inside a running Python session (%hw {args.command} in IPython or Jupyter, "
+        f"nbhw.{args.command}() in Python); a new `python -m nbhw` process holds none of your tensors"
+    )
 
 
 # One runner per command of the table (nbhw.commands.COMMANDS); a test checks they match.
@@ -86,6 +92,8 @@ RUNNERS = {
     "fit": _fit,
     "report": _report,
     "doctor": _doctor,
+    "holders": _session_only,
+    "free": _session_only,
 }
 
 

@@ -20,7 +20,7 @@ from nbhw.core.advice.arguments import ADVICE_ARGUMENTS
 from nbhw.core.argument import EMIT, JSON, MODEL, OFFLINE, Argument
 from nbhw.core.errors import UserError
 from nbhw.core.fit.arguments import FIT_ARGUMENTS
-from nbhw.core.memory.arguments import MEMORY_ARGUMENTS
+from nbhw.core.memory.arguments import FREE_ARGUMENTS, HOLDERS_ARGUMENTS, MEMORY_ARGUMENTS
 from nbhw.core.plan.arguments import PLAN_ARGUMENTS
 
 Surface = Literal["magic", "cli"]
@@ -36,10 +36,19 @@ class Command:
     arguments: tuple[Argument, ...]
     aliases: tuple[str, ...] = ()
     magic_only: tuple[str, ...] = ()  # arguments that mean nothing in a terminal process (e.g. memory --stop)
+    # The command reads the objects of the running Python session (its tensors, Out, the last traceback): %hw and
+    # the Python API run it; `python -m nbhw` is a new process holding none of them, so it says so and exits 2.
+    session_only: bool = False
 
     def takes(self, surface: Surface) -> tuple[Argument, ...]:
         """The arguments this command takes on one surface."""
         return tuple(a for a in self.arguments if surface == "magic" or a.name not in self.magic_only)
+
+    def help_on(self, surface: Surface) -> str:
+        """What the command does, as that surface's help says it."""
+        if self.session_only and surface == "cli":
+            return f"{self.help} (only in %hw and Python: a new process holds none of your tensors)"
+        return self.help
 
 
 COMMANDS = (
@@ -74,6 +83,20 @@ COMMANDS = (
         "pre-flight checks of the installed binaries: what will fail before memory, when, and the command "
         "that fixes it",
         (JSON,),
+    ),
+    Command(
+        "holders",
+        "what keeps tensors alive, per device, largest first: variables, Out and _, the last traceback, "
+        "autograd graphs, the allocator's cache",
+        (*HOLDERS_ARGUMENTS, JSON),
+        session_only=True,
+    ),
+    Command(
+        "free",
+        "do only what is chosen (delete variables, clear the output history, the last traceback, the cache), "
+        "then the bytes that came back per device, measured",
+        (*FREE_ARGUMENTS, JSON),
+        session_only=True,
     ),
 )
 BY_NAME = {name: c for c in COMMANDS for name in (c.name, *c.aliases)}
@@ -113,7 +136,7 @@ def _help(text: str) -> str:
 
 def _add(p: argparse.ArgumentParser, a: Argument) -> None:
     if a.positional:
-        p.add_argument(a.name, nargs="?", help=_help(a.help))
+        p.add_argument(a.name, nargs="*" if a.kind == "words" else "?", help=_help(a.help))
     elif a.kind == "switch":
         p.add_argument(*a.options, dest=a.name, action="store_true", help=_help(a.help))
     else:
@@ -143,7 +166,8 @@ def parser(surface: Surface) -> Parser:
     sub = top.add_subparsers(dest="command", metavar=names, parser_class=Parser)
     for command in COMMANDS:
         p = sub.add_parser(
-            command.name, aliases=list(command.aliases), help=_help(command.help), description=_help(command.help),
+            command.name, aliases=list(command.aliases), help=_help(command.help_on(surface)),
+            description=command.help_on(surface),  # not %-formatted by argparse, unlike help
             add_help=not magic, formatter_class=_formatter,
         )  # fmt: skip
         for a in command.takes(surface):
@@ -206,7 +230,7 @@ def values(args: argparse.Namespace, declared: Sequence[Argument]) -> dict[str, 
 
 def _usage(a: Argument) -> str:
     if a.positional:
-        return f"[{a.name.upper()}]"
+        return f"[{a.name.upper()}{' ...' if a.kind == 'words' else ''}]"
     value = "" if a.kind == "switch" else f" {a.metavar or '{' + ','.join(a.choices or ()) + '}'}"
     return f"[{a.option}{value}{' ...' if a.kind == 'words' else ''}]"
 

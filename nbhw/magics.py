@@ -16,7 +16,8 @@ from nbhw import commands
 from nbhw.core.advice.arguments import ADVICE_ARGUMENTS
 from nbhw.core.argument import given
 from nbhw.core.errors import UserError
-from nbhw.core.memory.arguments import MEMORY_ARGUMENTS
+from nbhw.core.memory.arguments import FREE_ARGUMENTS, HOLDERS_ARGUMENTS, MEMORY_ARGUMENTS
+from nbhw.core.memory.out_of_memory import is_out_of_memory
 from nbhw.core.plan.arguments import PLAN_ARGUMENTS
 
 
@@ -132,6 +133,16 @@ class HwMagics(Magics):
         else:
             display(plan)
 
+    def _run_holders(self, args: argparse.Namespace) -> None:
+        from nbhw import session  # lazy: see above
+
+        self._show(session.shell_holders(self.shell, **commands.values(args, HOLDERS_ARGUMENTS)), args)
+
+    def _run_free(self, args: argparse.Namespace) -> None:
+        from nbhw import session  # lazy: see above
+
+        self._show(session.shell_free(self.shell, **commands.values(args, FREE_ARGUMENTS)), args)
+
 
 def _memory() -> Any:
     # The sampler and its cell log are imported only by %hw memory / nbhw.monitor(): until then a hook is a lookup.
@@ -146,10 +157,18 @@ def _nbhw_pre_run_cell(info: Any) -> None:
 
 
 def _nbhw_post_run_cell(result: Any) -> None:
-    """Per-cell memory: the cell ended (main thread); ``result.info`` is the object pre_run_cell saw."""
+    """Per-cell memory: the cell ended (main thread); ``result.info`` is the object pre_run_cell saw.
+
+    After a cell that ran out of memory, the report below its error; any other cell costs an attribute read.
+    """
     memory = _memory()
     if memory is not None and result is not None:
         memory.cell_finished(result.info, result.execution_count, result.success)
+    error = getattr(result, "error_in_exec", None)
+    if error is not None and is_out_of_memory(error):
+        from nbhw import session  # lazy: only a cell that ran out of memory imports the walker
+
+        session.show_out_of_memory(result)
 
 
 CELL_EVENTS = {"pre_run_cell": _nbhw_pre_run_cell, "post_run_cell": _nbhw_post_run_cell}

@@ -1,6 +1,6 @@
 """nbhw against the tools users would pick instead, measured side by side in one run (a benchmark, not a test).
 
-    .venv/bin/python -m tests.bench [--rounds N] [--quick] [--only startup,kernel,memory,plan,run,panel]
+    .venv/bin/python -m tests.bench [--rounds N] [--quick] [--only startup,kernel,memory,plan,run,panel,holders]
 
 Run it from the repository root: it measures this checkout's nbhw (its children get PYTHONPATH=<root>).
 Every comparison alternates its sides round by round and reports medians; where start-up is what is measured, each
@@ -18,6 +18,8 @@ run is a fresh process, and each kernel round a fresh Jupyter kernel. Sections:
   run of generate() on the meta device) against the weights-only plan.
 - panel: tests/bench_panel.py: the Load tab in JupyterLab (chromium): seconds to the first code, to the run
   estimate, and per dtype change (needs the browser extra; not in the default run's time budget).
+- holders: tests/bench_holders.py: what keeps 10,000 tensors alive (a list; a model + AdamW) and the out-of-memory
+  report of a training forward, against one gc.get_objects() pass in the same process.
 
 The summary at the end puts every figure next to its target (issue 10).
 """
@@ -42,7 +44,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-SECTIONS = ("startup", "kernel", "memory", "plan", "run", "panel")
+SECTIONS = ("startup", "kernel", "memory", "plan", "run", "panel", "holders")
 
 
 def child_env() -> dict[str, str]:
@@ -513,6 +515,19 @@ def main() -> int:
             print(f"  device_map, {budget}: {same} as accelerate's infer_auto_device_map")
         return plan_lines(ours, theirs)
 
+    def run_holders() -> list[Line]:
+        from tests import bench_holders as bh
+
+        figures = bh.measure(3 if args.quick else 7, env)
+        print_table(
+            "What keeps tensors alive: median CPU ms (median wall ms) / least CPU ms, a fresh process per case",
+            bh.HEADERS,
+            bh.rows(figures),
+        )
+        for note in bh.notes(figures):
+            print(f"  {note}")
+        return [Line(*line) for line in bh.lines(figures)]
+
     def run_run() -> list[Line]:
         from tests import bench_run as br
 
@@ -532,7 +547,7 @@ def main() -> int:
         return panel_lines(found)
 
     steps = {"startup": run_startup, "kernel": run_kernel, "memory": run_memory, "plan": run_plan, "run": run_run,
-             "panel": run_panel}  # fmt: skip
+             "panel": run_panel, "holders": run_holders}  # fmt: skip
     for name in only:
         summary += steps[name]()
     rows = [[x.measure, x.ours, x.against, x.ratio, x.target, verdict(x.met)] for x in summary]

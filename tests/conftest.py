@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -55,6 +57,24 @@ def ip() -> Iterator[object]:
     yield shell
     if "nbhw" in shell.extension_manager.loaded:
         shell.run_line_magic("unload_ext", "nbhw")
+
+
+def _forget_the_session(shell: object) -> None:
+    shell.reset(new_session=False)  # type: ignore[attr-defined]
+    shell.last_execution_result = None  # type: ignore[attr-defined]
+    shell.InteractiveTB.tb = None  # type: ignore[attr-defined]
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+        if hasattr(sys, name):
+            delattr(sys, name)
+
+
+@pytest.fixture
+def fresh_ip(ip: object) -> Iterator[object]:
+    """The real IPython shell with an empty session: no variables, output history or last error, before and after."""
+    _forget_the_session(ip)
+    yield ip
+    _forget_the_session(ip)
+    gc.collect()
 
 
 @pytest.fixture(autouse=True)

@@ -146,7 +146,22 @@ SUBCOMMAND_WORDS: dict[str, st.SearchStrategy[list[str]]] = {
             st.just(["--json"]),
         ),
     ).map(lambda t: t[0] + t[1]),
+    "holders": optional(
+        option("--device", either(BAD_DEVICES + GOOD_DEVICES, DEVICE_LIKE)),
+        st.just(["--json"]),
+    ),
 }
+# Variable names a person gets wrong: unknown, IPython's own, output history, a module, not identifiers.
+FREE_NAMES = ["nope", "Out", "In", "_", "__", "_1", "_oh", "get_ipython", "exit", "torch", "", "a b", "-x", "1x",
+              "__builtins__", "modle", "ünï"]  # fmt: skip
+FREE_SWITCHES = st.sampled_from([["--history"], ["--traceback"], ["--cache"], ["--json"]])
+# A free line, even a mistaken one, walks what the session holds (to name the variables that hold tensors): fewer.
+FEWER = {"free": 80}
+SUBCOMMAND_WORDS["free"] = st.tuples(
+    # No name (then a switch makes the line valid) half the time: this shell holds no tensor a name could free.
+    st.one_of(st.just([]), st.lists(either(FREE_NAMES, r"[A-Za-z_][A-Za-z0-9_]{0,8}"), min_size=1, max_size=2)),
+    st.lists(FREE_SWITCHES, max_size=3).map(lambda groups: [w for g in groups for w in g]),
+).map(lambda t: [*t[0], *t[1]])
 
 
 def load_words(last: list[str]) -> st.SearchStrategy[list[str]]:
@@ -264,10 +279,10 @@ def fuzz_magic(shell: Any, capsys: pytest.CaptureFixture[str], line: str) -> str
     return outcome
 
 
-def report(what: str, seen: Counter[str], *, least_ok: int, least_usage: int) -> None:
+def report(what: str, seen: Counter[str], *, least_ok: int, least_usage: int, examples: int = EXAMPLES) -> None:
     """Print the figures and check that both outcomes were reached (the lines were not all of one kind)."""
     print(f"\n{what}: {sum(seen.values())} lines, {seen['ok']} valid, {seen['usage']} usage errors")
-    assert sum(seen.values()) >= EXAMPLES * 0.9, seen
+    assert sum(seen.values()) >= examples * 0.9, seen
     assert seen["ok"] >= least_ok and seen["usage"] >= least_usage, seen
 
 
@@ -277,8 +292,9 @@ def test_every_hw_line_is_valid_or_a_one_line_usage_error(
     shell: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, command: str
 ) -> None:
     seen: Counter[str] = Counter()
+    examples = FEWER.get(command, EXAMPLES)
 
-    @SETTINGS
+    @settings(SETTINGS, max_examples=examples)
     @seed(zlib.crc32(command.encode()))
     @given(data=st.data())
     def lines(data: st.DataObject) -> None:
@@ -292,7 +308,7 @@ def test_every_hw_line_is_valid_or_a_one_line_usage_error(
         seen[fuzz_magic(shell, capsys, line)] += 1
 
     lines()
-    report(f"%hw {command}", seen, least_ok=5, least_usage=20)
+    report(f"%hw {command}", seen, least_ok=5, least_usage=20, examples=examples)
 
 
 def test_bare_hw_with_any_words_is_the_panel_or_a_one_line_usage_error(
@@ -374,6 +390,39 @@ def test_lines_that_once_broke_nbhw_are_one_line_usage_errors(
     assert run_line(shell, line, capsys) == "usage"
     with pytest.raises(UsageError, match=re.escape(says)):
         shell.run_line_magic("hw", line)
+
+
+@pytest.mark.slow
+def test_free_deletes_exactly_the_named_variables_and_a_mistake_deletes_nothing(
+    shell: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: Counter[str] = Counter()
+    setup = "import torch\nkeep = torch.zeros(10)\nalso = torch.zeros(20)\nsame = keep\nn = 5"
+    held = {"keep", "also", "same"}
+
+    @settings(SETTINGS, max_examples=60)  # each line is a gc.collect() and a count of every tensor
+    @seed(21)
+    @given(
+        names=st.lists(
+            st.one_of(st.sampled_from([*sorted(held), "n"]), either(FREE_NAMES, r"[a-z_]{0,6}")), max_size=3
+        ),
+        switches=st.lists(FREE_SWITCHES, max_size=2).map(lambda groups: [w for g in groups for w in g]),
+    )
+    def lines(names: list[str], switches: list[str]) -> None:
+        shell.run_cell(setup, store_history=True)
+        before = {k: v for k, v in shell.user_ns.items() if k in held | {"n"}}
+        outcome = run_line(shell, shlex.join(["free", *names, *switches]), capsys)
+        after = {k: v for k, v in shell.user_ns.items() if k in held | {"n"}}
+        if outcome == "usage":
+            assert after.keys() == before.keys() and all(after[k] is before[k] for k in after), names
+        else:
+            assert after.keys() == before.keys() - set(names), (names, sorted(after))
+            assert all(after[k] is before[k] for k in after), names  # what stays is the very same object
+        seen[outcome] += 1
+
+    lines()
+    print(f"\n%hw free NAME: {sum(seen.values())} lines, {seen['ok']} valid, {seen['usage']} usage errors")
+    assert seen["ok"] >= 5 and seen["usage"] >= 20, seen
 
 
 # ---------------------------------------------------------------- the command line

@@ -55,7 +55,14 @@ def test_the_benchmarks_are_not_collected_as_tests(pytestconfig: pytest.Config) 
     # pytest collects the files under tests/ that match python_files; the benchmark and its parts must not.
     patterns = pytestconfig.getini("python_files")
     benchmarks = sorted(p.name for p in (ROOT / "tests").glob("bench*.py"))
-    assert benchmarks == ["bench.py", "bench_memory.py", "bench_panel.py", "bench_plan.py", "bench_run.py"]
+    assert benchmarks == [
+        "bench.py",
+        "bench_holders.py",
+        "bench_memory.py",
+        "bench_panel.py",
+        "bench_plan.py",
+        "bench_run.py",
+    ]
     assert not [name for name in benchmarks if any(fnmatch(name, p) for p in patterns)]
 
 

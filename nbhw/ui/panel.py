@@ -22,6 +22,7 @@ from nbhw.core.plan import load_form
 from nbhw.core.plan.load_form import CONTROLS, Form, cached_models, form_words
 from nbhw.ui.attention import AttentionView
 from nbhw.ui.devices import DevicesView
+from nbhw.ui.holders import HoldersView
 from nbhw.ui.load import LoadView
 from nbhw.ui.memory import LOCK, MemoryView, in_kernel, monitor
 from nbhw.ui.tree import close_tree
@@ -80,6 +81,7 @@ class Panel:
         self.attention: Any = None
         self.load: Any = None
         self.memory: Any = None
+        self.holders: Any = None  # the Memory tab's holders section, made with the graph
         self._tabs: Any = None
         self._memory_box: Any = None
 
@@ -148,18 +150,20 @@ class Panel:
         with LOCK:
             if self.memory is not None or self.closed:
                 return
+            if self.holders is None:
+                self.holders = HoldersView()  # walks nothing until its button is pressed
             try:
                 mon = monitor(interval=self.interval, window=self.window)
                 # Narrower than %hw memory's graph: it sits inside the tab's padding.
                 self.memory = MemoryView(mon.sampler, mon.log, width=MEMORY_WIDTH)
             except UserError as exc:
-                self._show_in_memory_tab(w.HTML(f"<span class='nbhw-bad'>✗ {exc}</span>"))
+                self._show_in_memory_tab(w.HTML(f"<span class='nbhw-bad'>✗ {exc}</span>"), self.holders.box)
                 return
-            self._show_in_memory_tab(self.memory.box)
+            self._show_in_memory_tab(self.memory.box, self.holders.box)
 
-    def _show_in_memory_tab(self, widget: Any) -> None:
-        old, self._memory_box.children = self._memory_box.children, [widget]
-        close_tree(*old)
+    def _show_in_memory_tab(self, *widgets: Any) -> None:
+        old, self._memory_box.children = self._memory_box.children, list(widgets)
+        close_tree(*[o for o in old if o not in widgets])
 
     def close(self) -> None:
         """Close the widgets and the memory graph; the worker stops when no panel is left."""
@@ -171,6 +175,8 @@ class Panel:
                 _open.remove(self)
         if self.memory is not None:
             self.memory.close()  # the last memory view closing stops the sampler
+        if self.holders is not None:
+            self.holders.close()
         for view in (self.devices, self.attention, self.load):
             if view is not None:
                 view.close()

@@ -142,6 +142,18 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     _n("huggingface_hub.constants", "HF_HUB_CACHE", "read", "2.4", "where kernels caches Hub kernels"),
     _n("huggingface_hub.constants", "REPO_ID_SEPARATOR", "read", "2.4", "the cache's folder names"),
     _n("huggingface_hub.file_download", "repo_folder_name", "call", "2.4", "a cached repo's folder, by repo type"),
+    # torch: what keeps a tensor alive (nbhw.holders): saved tensors read without running unpack hooks
+    _n("torch._C", "_autograd.SavedTensor", "read", TORCH, "what a grad_fn node saved"),
+    _n("torch._C", "_autograd.SavedTensor.data", "read", TORCH, "the saved tensor, never unpacked"),
+    _n("torch._C", "_functions.SinBackward0._raw_saved_self", "read", TORCH, "C++ nodes' _raw_saved_<name>"),
+    _n("torch.autograd.function", "BackwardCFunction._raw_saved_tensors", "read", TORCH, "a Function's saved"),
+    _n("torch", "Tensor._grad", "read", TORCH, "a leaf's grad without the non-leaf warning"),
+    _n("torch", "Tensor._indices", "call", TORCH, "a sparse COO tensor's indices"),
+    _n("torch", "Tensor._values", "call", TORCH, "a sparse COO tensor's values"),
+    _n("torch.utils._python_dispatch", "is_traceable_wrapper_subclass", "call", TORCH, "a wrapper's inner tensors"),
+    # IPython: the references it keeps out of sight (nbhw.session reads and clears them)
+    _n("IPython.core.displayhook", "DisplayHook.update_user_ns", "source", "9.18.1", "its own _, __, ___"),
+    _n("IPython.core.ultratb", "AutoFormattedTB.structured_traceback", "source", "9.18.1", "keeps the last tb"),
     # the standard library: the parser's own tables, for help and for naming the valid words
     _n("argparse", "ArgumentParser()._actions", "read", "3.11", "a subcommand's options, listed in error messages"),
     _n("argparse", "ArgumentParser()._subparsers", "read", "3.11", "the subcommands, for their parsers"),
