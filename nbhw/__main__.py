@@ -75,6 +75,8 @@ def _fit(args: argparse.Namespace) -> int:
     else:
         _printed(result, args)
     return 0 if result.plan is not None else 1
+
+
 def _session_only(args: argparse.Namespace) -> int:
     """holders and free read the running session's tensors: a new process has none (nbhw.commands.Command)."""
     raise UserError(
