@@ -19,7 +19,6 @@ def brute_force(folder: str, result: Any) -> tuple[float, Any]:
     """Every option planned as new plans, judged by check(), the weights-only placement and run_fits; the best by
     the documented order (where the layers are, then the option's rank)."""
     from nbhw.core.fit.options import WHERE_OF_KIND
-    from nbhw.core.fit.solver import planned
     from nbhw.core.hf.meta_build import quiet
     from nbhw.core.plan.arguments import plan_args
     from nbhw.core.plan.load_plan import LoadPlan
@@ -35,7 +34,6 @@ def brute_force(folder: str, result: Any) -> tuple[float, Any]:
             fits = not problems and where is not None and bool(p.run_fits)
         if fits and (best is None or (where, index) < best[0]):
             best = ((where, index), option)
-    del planned
     return time.perf_counter() - started, None if best is None else best[1]
 
 
