@@ -5,19 +5,21 @@ the one that option's own plan gives. Bad input: nothing fits is an answer, conf
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
 import transformers as tf
+from IPython.core.error import UsageError
 
 import nbhw
 from nbhw.core.fit import solver
 from nbhw.core.fit.options import WHERE_OF_KIND, options
 from nbhw.core.hf.meta_build import quiet
 from nbhw.core.plan.load_plan import LoadPlan
-from tests import families
+from tests import families, published
 from tests.test_run import config_only
 
 
@@ -100,6 +102,8 @@ def brute_force(
     return found
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(3600)  # 200 cases, each searched and brute-forced: 5 min per 70 cases on this loaded machine
 def test_solver_equals_brute_force_on_the_grid(folders: dict[str, str]) -> None:
     grid = cases()
     assert len(grid) >= MIN_CASES
@@ -135,3 +139,61 @@ def test_solver_equals_brute_force_on_the_grid(folders: dict[str, str]) -> None:
             _, own, problems, where, _ = planned[index]
             assert r.reason == expected_reason(own, problems, where, r.stage), (label, r.option)
     assert answered and nothing, (answered, nothing)
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.fixture(scope="module")
+def llama70b(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return published.folder("Llama-3.1-70B", tmp_path_factory.mktemp("published"))
+
+
+def test_an_impossible_request_is_an_answer_with_the_nearest_fits_not_an_exception(llama70b: str) -> None:
+    result = nbhw.fit(llama70b, context="128k", max_memory={0: "15GiB"}, accelerators_only=True)  # one T4
+    assert result.plan is None and result.code is None
+    assert result.rejected and all(r.reason for r in result.rejected)
+    assert "nothing fits" in result.text()
+    changes = [c.what for c in result.nearest]
+    assert any("accelerators of 15.0 GiB" in c for c in changes), changes
+    for change in result.nearest:
+        assert change.plan.run_fits and not [p for p in change.plan.check() if p not in change.plan.absent_devices]
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"accelerators_only": True, "device_map": "cpu"}, "puts layers off the accelerators"),
+        ({"accelerators_only": True, "max_memory": {"cpu": "10GiB"}}, "names no accelerator"),
+        ({"method": "lora"}, "is for task='train'"),
+        ({"task": "serve"}, "unknown task 'serve'; valid: infer"),
+        ({"context": 0}, "context 0 is out of range"),
+        ({"context": 10**9}, "out of range"),
+        ({"batch": 0}, "batch 0 is out of range"),
+        ({"quantize": "4bit"}, "unknown argument 'quantize'"),
+        ({"dtype": "int8"}, "dtype"),
+    ],
+)
+def test_conflicting_or_bad_options_are_one_line_errors(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(UserError) as caught:
+        nbhw.fit(None, **values)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_the_cli_and_the_magic_take_the_same_words(
+    ip: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nbhw.__main__ import main
+
+    assert main(["fit", "--context", "300", "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["fits"] and found["plan"]["code"] and found["option"]["attn_implementation"] == "sdpa"
+    assert main(["fit", "--context", "zero"]) == 2
+    assert "context 'zero' is not a token count" in capsys.readouterr().err
+    seen: list[str] = []
+    monkeypatch.setattr(ip, "set_next_input", lambda text, replace=False: seen.append(text))
+    ip.run_line_magic("load_ext", "nbhw")
+    ip.run_line_magic("hw", "fit --context 300 --emit")
+    assert seen == [found["plan"]["code"]]
+    with pytest.raises(UsageError, match="accelerators_only=True but device_map='cpu'"):
+        ip.run_line_magic("hw", "fit --accelerators-only --device-map cpu")

@@ -31,7 +31,7 @@ from nbhw.core.render import Shown
 
 PLAN_CACHE_SIZE = 4096
 _PLANS: Recent[LoadPlan] = Recent(PLAN_CACHE_SIZE)
-MORE_DEVICES = 4  # when nothing fits: up to this many more accelerators like the largest one are tried
+MOST_DEVICES = 64  # when nothing fits: accelerators like the largest one, up to this many, are tried
 
 
 def clear_cache() -> None:
@@ -209,24 +209,35 @@ def _shorter(search: Search) -> Iterator[Change]:
                 return
 
 
+def _device_counts(now: int) -> list[int]:
+    """Accelerator counts tried when nothing fits: one more, then doubling, up to MOST_DEVICES."""
+    counts, n = [now + 1], max(now, 1) * 2
+    while n <= MOST_DEVICES:
+        if n > counts[-1]:
+            counts.append(n)
+        n *= 2
+    return counts
+
+
 def _more_devices(search: Search, args: FitArgs) -> Iterator[Change]:
-    """The fewest more accelerators, each like the largest in the budget, with which some option fits."""
+    """The first count of accelerators, each like the largest in the budget (one more, then doubling), with which
+    some option fits (whole budgets only: the shares are for the budget you named)."""
     accelerators = _accelerators(search.budget)
     if not accelerators or search.budget is None:
         return
     largest = max(accelerators.values())
-    for extra in range(1, MORE_DEVICES + 1):
+    whole = [o for o in search.options if o.share == 1.0]
+    for count in _device_counts(len(accelerators)):
         budget: dict[MemoryKey, int | str] = dict(search.budget)
-        for i in range(extra):
+        for i in range(count - len(accelerators)):
             budget[max(accelerators) + 1 + i] = largest
         pinned = {**search.pinned, "max_memory": budget}
-        whole = [o for o in search.options if o.share == 1.0]  # shares are of the named budget: whole ones only
         wider = Search(search.model, pinned, search.offline, plan_args(max_memory=budget).max_memory_bytes, True,
                        search.stages, whole, search.base)  # fmt: skip
         answer, _ = wider.run()
         if answer is not None:
-            count = len(accelerators) + extra
-            yield Change(f"{count} accelerators of {render.size(largest)} ({extra} more)", answer.plan)
+            yield Change(f"{count} accelerators of {render.size(largest)} ({count - len(accelerators)} more)",
+                         answer.plan)  # fmt: skip
             return
 
 
