@@ -15,6 +15,7 @@ import transformers as tf
 from IPython.core.error import UsageError
 
 import nbhw
+from nbhw.core.errors import UserError
 from nbhw.core.fit import solver
 from nbhw.core.fit.options import WHERE_OF_KIND, options
 from nbhw.core.hf.meta_build import quiet
