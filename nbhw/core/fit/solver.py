@@ -30,6 +30,7 @@ from nbhw.core.plan.placement import is_accelerator
 from nbhw.core.render import Shown
 
 PLAN_CACHE_SIZE = 4096
+SHOWN_REJECTED = 12  # the text and HTML list the first ones (a run's reason may search the longest context)
 _PLANS: Recent[LoadPlan] = Recent(PLAN_CACHE_SIZE)
 MOST_DEVICES = 64  # when nothing fits: accelerators like the largest one, up to this many, are tried
 
@@ -307,7 +308,10 @@ class FitResult(Shown):
             lines += ["Code", *("    " + line if line else "" for line in self.code.splitlines()), ""]
         if self.rejected:
             lines.append(f"Rejected ({len(self.rejected)}, in the order tried)")
-            lines += [f"  - {WHERE[r.stage]}: {r.option.words()}: {r.reason}" for r in self.rejected]
+            shown = self.rejected[:SHOWN_REJECTED]
+            lines += [f"  - {WHERE[r.stage]}: {r.option.words()}: {r.reason}" for r in shown]
+            if len(self.rejected) > len(shown):
+                lines.append(f"  ... and {len(self.rejected) - len(shown)} more (result.rejected has every reason)")
             lines.append("")
         if self.answer is None:
             lines.append("Nearest changes that fit" if self.nearest else "No change nbhw tries fits either")
@@ -320,7 +324,7 @@ class FitResult(Shown):
         if self.code:
             parts.append(f'<pre class="nbhw-code">{esc(self.code)}</pre>')
         if self.rejected:
-            rows = [[WHERE[r.stage], r.option.words(), r.reason] for r in self.rejected]
+            rows = [[WHERE[r.stage], r.option.words(), r.reason] for r in self.rejected[:SHOWN_REJECTED]]
             parts.append("<p><b>Rejected</b></p>" + render.html_table(("stage", "option", "reason"), rows))
         if self.answer is None and self.nearest:
             items = "".join(f"<li>{esc(c.what)}</li>" for c in self.nearest)
