@@ -46,9 +46,13 @@ def cached_build(config: Any, auto_name: str, dtype: str, attn: str | None) -> m
     return _BUILDS.get(key, lambda: run.build(config, dtype=dtype, auto_name=auto_name, attn_implementation=attn))
 
 
+_PLACEMENTS: Recent[tuple[Placement, list[str]]] = Recent(256)
+
+
 def clear_cache() -> None:
-    """Forget the cached meta builds."""
+    """Forget the cached meta builds and weights placements."""
     _BUILDS.clear()
+    _PLACEMENTS.clear()
 
 
 def _weights_file(model: str, source: str | None) -> str | None:
@@ -288,7 +292,21 @@ class LoadPlan(Shown):
         model = self.meta_model
         if model is None:
             return None
-        return place(model, self.args, quantizer=self.quantizer, default_device=self.default_device, live=self.live)
+        # Attention and kernels change no module's size: plans that differ only there share one placement.
+        args = self.args
+        live = None if args.max_memory is not None else tuple(sorted(self.live.max_memory.items(), key=str))
+        key = (_config_key(self.config.config), self.auto_class, self.dtype, args.quantization, repr(args.device_map),
+               repr(args.max_memory), self.default_device, live)  # fmt: skip
+        quantizer = self.quantizer
+
+        def placed() -> tuple[Placement, list[str]]:
+            found = place(model, args, quantizer=quantizer, default_device=self.default_device, live=self.live)
+            return found, list(quantizer.errors) if quantizer is not None else []
+
+        found, errors = _PLACEMENTS.get(key, placed)
+        if quantizer is not None and not quantizer.errors:
+            quantizer.errors.extend(errors)  # transformers' device_map checks, made while placing
+        return copy.deepcopy(found)  # each plan's own: the run's verdict replaces parts of it
 
     @cached_property
     def placement(self) -> Placement | None:
