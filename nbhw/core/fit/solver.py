@@ -301,17 +301,35 @@ class FitResult(Shown):
         verdict = self.plan.placement.verdict if self.plan and self.plan.placement else ""
         return f"nbhw fit: {self.answer.option.words()} ({where}): {verdict}"
 
+    def rejected_groups(self) -> tuple[list[tuple[int, list[Option], str]], int]:
+        """The first SHOWN_REJECTED runs of rejections in a row with one stage and reason, and how many they hold
+        (a run's reason is read only for those shown: it may search the longest context)."""
+        groups: list[tuple[int, list[Option], str]] = []
+        seen = 0
+        for r in self.rejected:
+            if groups and groups[-1][0] == r.stage and groups[-1][2] == r.reason:
+                groups[-1][1].append(r.option)
+            elif len(groups) == SHOWN_REJECTED:
+                break
+            else:
+                groups.append((r.stage, [r.option], r.reason))
+            seen += 1
+        return groups, seen
+
     def text(self) -> str:
         lines = [self.headline(), f"  planned {self.planned} of {len(self.search.options)} options in "
                  f"{self.seconds:.2f} s", ""]  # fmt: skip
         if self.code:
             lines += ["Code", *("    " + line if line else "" for line in self.code.splitlines()), ""]
         if self.rejected:
-            lines.append(f"Rejected ({len(self.rejected)}, in the order tried)")
-            shown = self.rejected[:SHOWN_REJECTED]
-            lines += [f"  - {WHERE[r.stage]}: {r.option.words()}: {r.reason}" for r in shown]
-            if len(self.rejected) > len(shown):
-                lines.append(f"  ... and {len(self.rejected) - len(shown)} more (result.rejected has every reason)")
+            lines.append(f"Rejected ({len(self.rejected)}, in the order tried; options in a row with one reason "
+                         "are one line)")  # fmt: skip
+            groups, seen = self.rejected_groups()
+            for stage, options, reason in groups:
+                more = f" and {len(options) - 1} more like it" if len(options) > 1 else ""
+                lines.append(f"  - {WHERE[stage]}: {options[0].words()}{more}: {reason}")
+            if seen < len(self.rejected):
+                lines.append(f"  ... and {len(self.rejected) - seen} more (result.rejected has every reason)")
             lines.append("")
         if self.answer is None:
             lines.append("Nearest changes that fit" if self.nearest else "No change nbhw tries fits either")
@@ -324,7 +342,9 @@ class FitResult(Shown):
         if self.code:
             parts.append(f'<pre class="nbhw-code">{esc(self.code)}</pre>')
         if self.rejected:
-            rows = [[WHERE[r.stage], r.option.words(), r.reason] for r in self.rejected[:SHOWN_REJECTED]]
+            groups, _ = self.rejected_groups()
+            rows = [[WHERE[g], o[0].words() + (f" (+{len(o) - 1} like it)" if len(o) > 1 else ""), why]
+                    for g, o, why in groups]  # fmt: skip
             parts.append("<p><b>Rejected</b></p>" + render.html_table(("stage", "option", "reason"), rows))
         if self.answer is None and self.nearest:
             items = "".join(f"<li>{esc(c.what)}</li>" for c in self.nearest)
