@@ -150,15 +150,26 @@ def llama70b(tmp_path_factory: pytest.TempPathFactory) -> str:
     return published.folder("Llama-3.1-70B", tmp_path_factory.mktemp("published"))
 
 
-def test_an_impossible_request_is_an_answer_with_the_nearest_fits_not_an_exception(llama70b: str) -> None:
-    result = nbhw.fit(llama70b, context="128k", max_memory={0: "15GiB"}, accelerators_only=True)  # one T4
+def test_an_impossible_request_is_an_answer_not_an_exception(llama70b: str) -> None:
+    # a 70B at 128k on one T4: the prefill's logits alone (131,072 x 128,256 x 4 B) are over any 15 GiB device
+    result = nbhw.fit(llama70b, context="128k", max_memory={0: "15GiB"}, accelerators_only=True)
     assert result.plan is None and result.code is None
-    assert result.rejected and all(r.reason for r in result.rejected)
-    assert "nothing fits" in result.text()
-    changes = [c.what for c in result.nearest]
-    assert any("accelerators of 15.0 GiB" in c for c in changes), changes
+    assert result.rejected and all(r.reason for r in result.rejected[:50])
+    assert "nothing fits" in result.text() and result.to_dict()["fits"] is False
     for change in result.nearest:
-        assert change.plan.run_fits and not [p for p in change.plan.check() if p not in change.plan.absent_devices]
+        assert change.plan.run_fits
+
+
+def test_nothing_fits_names_the_nearest_changes_that_do(folders: dict[str, str]) -> None:
+    folder = folders["llama"]
+    budget = {0: int(0.02 * need(folder, 600))}
+    result = nbhw.fit(folder, context=600, max_memory=budget, reserve=0, accelerators_only=True)
+    assert result.plan is None
+    changes = [c.what for c in result.nearest]
+    assert changes and all(c.startswith("context ") or "accelerators of" in c for c in changes), changes
+    for change in result.nearest:  # each is a plan that fits, by its own verdict
+        assert change.plan.placement is not None and change.plan.placement.run_kind == "fits", change.what
+    assert "Nearest changes that fit" in result.text()
 
 
 @pytest.mark.parametrize(
@@ -186,7 +197,7 @@ def test_the_cli_and_the_magic_take_the_same_words(
 ) -> None:
     from nbhw.__main__ import main
 
-    assert main(["fit", "--context", "300", "--json"]) == 0
+    assert main(["fit", "--context", "200", "--json"]) == 0
     found = json.loads(capsys.readouterr().out)
     assert found["fits"] and found["plan"]["code"] and found["option"]["attn_implementation"] == "sdpa"
     assert main(["fit", "--context", "zero"]) == 2
@@ -194,7 +205,7 @@ def test_the_cli_and_the_magic_take_the_same_words(
     seen: list[str] = []
     monkeypatch.setattr(ip, "set_next_input", lambda text, replace=False: seen.append(text))
     ip.run_line_magic("load_ext", "nbhw")
-    ip.run_line_magic("hw", "fit --context 300 --emit")
+    ip.run_line_magic("hw", "fit --context 200 --emit")
     assert seen == [found["plan"]["code"]]
     with pytest.raises(UsageError, match="accelerators_only=True but device_map='cpu'"):
         ip.run_line_magic("hw", "fit --accelerators-only --device-map cpu")

@@ -169,18 +169,18 @@ def test_changing_a_control_replans_in_the_background(
 
 def test_make_it_fit_fills_every_control_with_the_answer(view: LoadView, worker: Worker, tiny: str) -> None:
     view.control("attn_implementation").value = "eager"  # not the answer: the search starts from the fastest
-    view.control("context").value = "300"
+    view.control("context").value = "200"
     settle(worker)
     view.fit_button.click()
     settle(worker)
-    answer = nbhw.fit(tiny, context=300)
+    answer = nbhw.fit(tiny, context=200)
     assert answer.plan is not None and answer.plan.args.attn_implementation != "eager"
     for name, declared in load_form.CONTROLS.items():
         if declared.control != "sizes":
             shown = view.control(name).value
             wanted = load_form.form_words({name: getattr(answer.plan.args, name)})[name]
             assert shown == (wanted if wanted is not None else shown if declared.control == "dropdown" else ""), name
-    assert view.form == fit_form(Form(tiny, context="300"))[0]
+    assert view.form == fit_form(Form(tiny, context="200"))[0]
     assert view.code.code == answer.code.rstrip("\n")
     assert "options ahead of it rejected" in text_of(view.fit_note.value)
 
