@@ -444,7 +444,7 @@ class LoadView:
                 return
             form = self.read_form()
             self.fit_note.value = "<span class='nbhw-note'>searching every option…</span>"
-            self.worker.submit(("fit", id(self)), lambda post: _fitted(form), self._apply_fit, delay=0)
+            self.worker.submit(("fit", id(self)), lambda: _fitted(form), self._apply_fit, delay=0)
 
     def _apply_fit(self, found: tuple[Form, str]) -> None:
         """Fill every control with the answer and plan it (under the lock, on the worker's thread)."""
