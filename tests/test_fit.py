@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -33,7 +33,7 @@ def one_thread() -> Iterator[None]:
 
 
 # name -> (config, architecture, checkpoint dtype)
-MODELS = {
+MODELS: dict[str, tuple[Callable[[], Any], str, str]] = {
     "llama": (lambda: tf.LlamaConfig(**{**families.COMMON, "num_hidden_layers": 4}, head_dim=16),
               "LlamaForCausalLM", "float32"),
     "qwen3": (families.qwen3, "Qwen3ForCausalLM", "bfloat16"),
@@ -80,7 +80,7 @@ def expected_reason(p: LoadPlan, problems: list[str], where: int | None, stage: 
     if problems:
         return "; ".join(problems)
     placement = p.weight_placement if where != stage else p.placement
-    return placement.verdict
+    return placement.verdict if placement is not None else "no placement"
 
 
 def brute_force(
