@@ -25,6 +25,8 @@ _LAZY = {
     "QuantizationAdvice": "nbhw.core.advice.quantization:QuantizationAdvice",
     "targets": "nbhw.core.hardware.targets:targets",
     "Targets": "nbhw.core.hardware.targets:Targets",
+    "fit": "nbhw.core.fit.solver:fit",
+    "FitResult": "nbhw.core.fit.solver:FitResult",
     "LoadPlan": "nbhw.core.plan.load_plan:LoadPlan",
     "holders": "nbhw.session:holders",
     "Holders": "nbhw.core.memory.holders:Holders",
@@ -43,6 +45,7 @@ _LAZY = {
 
 __all__ = [
     "AttentionAdvice",
+    "FitResult",
     "Freed",
     "Hardware",
     "Holders",
@@ -59,6 +62,7 @@ __all__ = [
     "attention",
     "detect",
     "doctor",
+    "fit",
     "free",
     "holders",
     "load_ipython_extension",

@@ -15,6 +15,7 @@ from nbhw.core.advice.arguments import ADVICE_ARGUMENTS, QUANTIZATION_ARGUMENTS
 from nbhw.core.advice.attention import advise
 from nbhw.core.argument import given
 from nbhw.core.errors import UserError
+from nbhw.core.fit.solver import from_words as fit_from_words
 from nbhw.core.hardware.detect import detect
 from nbhw.core.hardware.doctor import doctor
 from nbhw.core.hardware.report import report
@@ -78,6 +79,16 @@ def _load(args: argparse.Namespace) -> int:
     return 1 if plan.check() else 0
 
 
+def _fit(args: argparse.Namespace) -> int:
+    """Exit 1 when nothing fits (a script can stop before loading)."""
+    result = fit_from_words(args)
+    if args.emit and result.code is not None:
+        print(result.code, end="")
+    else:
+        _printed(result, args)
+    return 0 if result.plan is not None else 1
+
+
 def _session_only(args: argparse.Namespace) -> int:
     """holders, free, loaded and pin read the running session's tensors and models: a new process has none."""
     raise UserError(
@@ -109,6 +120,7 @@ RUNNERS = {
     "quantization": _quantization,
     "targets": _targets,
     "train": _train,
+    "fit": _fit,
     "report": _report,
     "doctor": _doctor,
     "holders": _session_only,

@@ -126,6 +126,17 @@ class HwMagics(Magics):
         else:
             display(plan)
 
+    def _run_fit(self, args: argparse.Namespace) -> None:
+        from nbhw.core.fit.solver import from_words as fit_from_words  # lazy: see above
+
+        result = fit_from_words(args)
+        if args.json:
+            print(json.dumps(result.to_dict(), indent=2))
+            return
+        if args.emit and result.code is not None:
+            self.shell.set_next_input(result.code, replace=False)
+        display(result)
+
     def _run_load(self, args: argparse.Namespace) -> None:
         from nbhw.core.plan.load_plan import from_words  # lazy: see above
 

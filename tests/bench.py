@@ -20,6 +20,8 @@ run is a fresh process, and each kernel round a fresh Jupyter kernel. Sections:
   estimate, and per dtype change (needs the browser extra; not in the default run's time budget).
 - holders: tests/bench_holders.py: what keeps 10,000 tensors alive (a list; a model + AdamW) and the out-of-memory
   report of a training forward, against one gc.get_objects() pass in the same process.
+- fit: tests/bench_fit.py: nbhw.fit for a Llama-3.1-70B-sized config at 32k tokens over every option for 2 x 24 GiB,
+  first and warm, against brute force (every option planned afresh) in the same process.
 - train: tests/bench_train.py: a Llama-3.1-70B-sized LoRA plan over 8 x 80 GiB, every strategy, against the
   inference plan in the same process.
 
@@ -46,7 +48,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-SECTIONS = ("startup", "kernel", "memory", "plan", "run", "panel", "holders", "train")
+SECTIONS = ("startup", "kernel", "memory", "plan", "run", "panel", "fit", "holders", "train")
 
 
 def child_env() -> dict[str, str]:
@@ -567,8 +569,18 @@ def main() -> int:
             ),
         ]
 
+    def run_fit() -> list[Line]:
+        from tests import bench_fit as bf
+
+        found = bf.measure()
+        print_table(f"nbhw.fit: {bf.MODEL}-sized config at {bf.CONTEXT:,} tokens, max_memory {bf.BUDGET}",
+                    bf.HEADERS, found)  # fmt: skip
+        warm, brute = float(found[1][1]), float(found[3][1])
+        return [Line("fit 70B-sized at 32k over every option for 2 x 24 GiB, warm", f"{warm:.2f} s",
+                     f"brute force {brute:.2f} s", f"{warm / brute:.3f}x", "<= 2 s", warm <= 2)]  # fmt: skip
+
     steps = {"startup": run_startup, "kernel": run_kernel, "memory": run_memory, "plan": run_plan, "run": run_run,
-             "panel": run_panel, "holders": run_holders, "train": run_train}  # fmt: skip
+             "panel": run_panel, "holders": run_holders, "fit": run_fit, "train": run_train}  # fmt: skip
     for name in only:
         summary += steps[name]()
     rows = [[x.measure, x.ours, x.against, x.ratio, x.target, verdict(x.met)] for x in summary]

@@ -20,6 +20,7 @@ from nbhw import __main__ as cli
 from nbhw import commands, magics
 from nbhw.core.advice.arguments import ADVICE_ARGUMENTS
 from nbhw.core.argument import Argument
+from nbhw.core.fit.arguments import FIT_ARGUMENTS
 from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.core.plan import codegen
 from nbhw.core.plan.arguments import PLAN_ARGUMENTS, PlanArgs
@@ -122,6 +123,16 @@ def test_the_attention_words_are_the_advisors_declared_arguments(surface: comman
         "model",
         "offline",
     }
+
+
+@pytest.mark.parametrize("surface", ["magic", "cli"])
+def test_the_fit_words_are_its_own_and_the_plans_declared_arguments(surface: commands.Surface) -> None:
+    words = options_of(commands.parser(surface), "fit")
+    assert set(words) == declared_words(FIT_ARGUMENTS) | declared_words(PLAN_ARGUMENTS) | {
+        "model", "--offline", "--emit", "--json",
+    }  # fmt: skip
+    names = {a.name for a in (*FIT_ARGUMENTS, *PLAN_ARGUMENTS)}
+    assert set(inspect.signature(nbhw.fit).parameters) == names | {"model", "offline"}
 
 
 def test_the_magic_and_the_cli_run_the_same_command_table() -> None:

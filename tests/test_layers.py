@@ -30,6 +30,7 @@ LAZY = {
     ("nbhw/magics.py", "from nbhw.core.hardware.doctor import doctor"),
     ("nbhw/magics.py", "from nbhw.core.advice import quantization"),
     ("nbhw/magics.py", "from nbhw.core.hardware.targets import targets"),
+    ("nbhw/magics.py", "from nbhw.core.fit.solver import from_words as fit_from_words"),
     ("nbhw/magics.py", "from nbhw import session"),  # %hw holders / free, and a cell that ran out of memory
     ("nbhw/__main__.py", "from nbhw.core import memory"),  # numpy only for `python -m nbhw memory`
     ("nbhw/magics.py", "from nbhw.core.train.train_plan import from_words"),  # torch and peft only for %hw train

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from IPython.core.error import UsageError
 
 import nbhw
+from nbhw.core.fit.fit_form import fit_form
 from nbhw.core.hf import meta_build
 from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.core.plan import codegen, load_form
@@ -166,6 +167,24 @@ def test_changing_a_control_replans_in_the_background(
     assert expected in view.code.code and expected not in before
     assert view.code.code == load_form.make_plan(view.form).code.rstrip("\n")
     assert view.code.html and text_of(view.code.html) == view.code.code
+
+
+def test_make_it_fit_fills_every_control_with_the_answer(view: LoadView, worker: Worker, tiny: str) -> None:
+    view.control("attn_implementation").value = "eager"  # not the answer: the search starts from the fastest
+    view.control("context").value = "200"
+    settle(worker)
+    view.fit_button.click()
+    settle(worker)
+    answer = nbhw.fit(tiny, context=200)
+    assert answer.plan is not None and answer.plan.args.attn_implementation != "eager"
+    for name, declared in load_form.CONTROLS.items():
+        if declared.control != "sizes":
+            shown = view.control(name).value
+            wanted = load_form.form_words({name: getattr(answer.plan.args, name)})[name]
+            assert shown == (wanted if wanted is not None else shown if declared.control == "dropdown" else ""), name
+    assert view.form == fit_form(Form(tiny, context="200"))[0]
+    assert view.code.code == answer.code.rstrip("\n")
+    assert "options ahead of it rejected" in text_of(view.fit_note.value)
 
 
 def test_a_flash_attention_that_wont_work_is_marked_with_its_reason(view: LoadView, worker: Worker) -> None:

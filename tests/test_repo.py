@@ -57,6 +57,7 @@ def test_the_benchmarks_are_not_collected_as_tests(pytestconfig: pytest.Config) 
     benchmarks = sorted(p.name for p in (ROOT / "tests").glob("bench*.py"))
     assert benchmarks == [
         "bench.py",
+        "bench_fit.py",
         "bench_holders.py",
         "bench_memory.py",
         "bench_panel.py",

@@ -19,6 +19,7 @@ from nbhw.core import render
 from nbhw.core.argument import Argument
 from nbhw.core.cache import Recent
 from nbhw.core.errors import UserError
+from nbhw.core.fit.fit_form import fit_form
 from nbhw.core.hf import dryrun
 from nbhw.core.plan import load_form
 from nbhw.core.plan.load_form import CONTROLS, Choices, Form, Option, Preview, Unit
@@ -303,6 +304,22 @@ def _control(name: str) -> Any:
     return locked(getattr(_ipywidgets(), name))
 
 
+FIT_TIP = "search dtype, quantization, attention, kernels and device_map for what fits this context and budget"
+
+
+def _fitted(form: Form) -> tuple[Form, str]:
+    """The form filled with the solver's answer and a one-line note (a mistake or nothing fits: the form as it was)."""
+    try:
+        filled, result = fit_form(form)
+    except UserError as exc:
+        return form, note_html(str(exc), bad=True)
+    if result.plan is None:
+        changes = "; ".join(c.what for c in result.nearest) or "no change nbhw tries fits either"
+        return form, note_html(f"nothing fits among {len(result.search.options)} options; nearest: {changes}", bad=True)
+    rejected = f"{len(result.rejected)} options ahead of it rejected (nbhw.fit() lists why)"
+    return filled, note_html(f"{result.headline().removeprefix('nbhw fit: ')} — {rejected}")
+
+
 class LoadView:
     """The Load tab's widgets over a :class:`Form`; every change re-plans in the background.
 
@@ -345,6 +362,9 @@ class LoadView:
             else:
                 self.inputs[name] = self._input(declared, getattr(form, name))
             self.notes[name] = w.HTML(layout=w.Layout(margin="0 0 0 10px", max_width="520px"))
+        self.fit_button = _control("Button")(description="Make it fit", tooltip=FIT_TIP, icon="magic")
+        self.fit_button.on_click(self._make_it_fit)
+        self.fit_note = w.HTML()
         self.message = w.HTML("<span class='nbhw-note'>planning…</span>")
         self.code = codebox()
         self.picture = w.HTML()
@@ -380,7 +400,8 @@ class LoadView:
             rows.append([*lead, self.inputs[name], self.notes[name]])
         self._rows = [w.HBox(children, layout=w.Layout(align_items="center")) for children in rows]
         self._extras = [w.HTML(STYLE), memory_label]
-        box = w.VBox([self._extras[0], *self._rows, self.message, self.code, self.picture, self.report])
+        self._fit_row = w.HBox([self.fit_button, self.fit_note], layout=w.Layout(align_items="center"))
+        box = w.VBox([self._extras[0], *self._rows, self._fit_row, self.message, self.code, self.picture, self.report])
         box.add_class("nbhw-load")
         box.add_class("nbhw")
         return box
@@ -429,6 +450,30 @@ class LoadView:
         return self.worker.submit(
             self._key, lambda post: compute(form, post), self._apply, delay=delay, progress=self._apply
         )
+
+    # -- "Make it fit"
+
+    def _make_it_fit(self, button: Any = None) -> None:
+        with LOCK:
+            if self.closed:
+                return
+            form = self.read_form()
+            self.fit_note.value = "<span class='nbhw-note'>searching every option…</span>"
+            self.worker.submit(("fit", id(self)), lambda: _fitted(form), self._apply_fit, delay=0)
+
+    def _apply_fit(self, found: tuple[Form, str]) -> None:
+        """Fill every control with the answer and plan it (under the lock, on the worker's thread)."""
+        if self.closed:
+            return
+        form, note = found
+        self._syncing = True
+        try:
+            self.form = form
+            self._show_form(form)
+            self.fit_note.value = note
+        finally:
+            self._syncing = False
+        self.refresh(delay=0)
 
     # -- applying a result (under the lock, on the worker's thread)
 
@@ -535,7 +580,8 @@ class LoadView:
     def widgets(self) -> list[Any]:
         """Every widget this view owns (closed with it)."""
         notes = list(self.notes.values())
-        shown = [self.inputs["max_memory"], self.message, self.code, self.picture, self.report]
+        shown = [self.inputs["max_memory"], self.fit_button, self.fit_note, self._fit_row, self.message, self.code,
+                 self.picture, self.report]  # fmt: skip
         return [*self.controls(), *notes, *shown, *self.memory_fields.values(), *self._extras, *self._rows, self.box]
 
     def close(self) -> None:

@@ -131,6 +131,22 @@ def forced_offline() -> Iterator[None]:
 QUIET_LOGGERS = ("accelerate", "torchao", "torch.utils._pytree")
 
 
+class _Depth(threading.local):
+    value = 0
+
+
+_quiet_depth = _Depth()
+
+
+@contextlib.contextmanager
+def _deeper() -> Iterator[None]:
+    _quiet_depth.value += 1
+    try:
+        yield
+    finally:
+        _quiet_depth.value -= 1
+
+
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
     """Silence transformers' and accelerate's logging, warnings and progress bars; problems come back as values.
@@ -142,6 +158,10 @@ def quiet() -> Iterator[None]:
 
     others = [logging.getLogger(name) for name in QUIET_LOGGERS]
     with _settings_lock:
+        if _quiet_depth.value:  # already quiet in this thread: setting levels again costs logging's cache clears
+            with _deeper():
+                yield
+            return
         level, bars, levels = (
             hf_logging.get_verbosity(),
             hf_logging.is_progress_bar_enabled(),
@@ -153,7 +173,7 @@ def quiet() -> Iterator[None]:
         # In a kernel a progress bar is a set of widgets nobody closes, shown in whichever cell runs.
         hf_logging.disable_progress_bar()
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), _deeper():
                 warnings.simplefilter("ignore")
                 yield
         finally:

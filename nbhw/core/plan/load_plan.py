@@ -34,7 +34,7 @@ from nbhw.core.plan.quantized_sizes import PlanningQuantizer
 from nbhw.core.plan.run import Fit, LoadPeak, Reserve
 from nbhw.core.render import Shown
 
-BUILD_CACHE_SIZE = 6
+BUILD_CACHE_SIZE = 32  # the solver plans every dtype x attention of a model
 _BUILDS: Recent[meta_build.MetaBuild] = Recent(BUILD_CACHE_SIZE)
 WRITTEN_PLANS = 32
 # The plans whose cell was written (code asked for), newest last: a cell that runs one of them is matched to its
@@ -54,9 +54,13 @@ def cached_build(config: Any, auto_name: str, dtype: str, attn: str | None) -> m
     return _BUILDS.get(key, lambda: run.build(config, dtype=dtype, auto_name=auto_name, attn_implementation=attn))
 
 
+_PLACEMENTS: Recent[tuple[Placement, list[str]]] = Recent(256)
+
+
 def clear_cache() -> None:
-    """Forget the cached meta builds."""
+    """Forget the cached meta builds and weights placements."""
     _BUILDS.clear()
+    _PLACEMENTS.clear()
 
 
 def _weights_file(model: str, source: str | None) -> str | None:
@@ -105,11 +109,23 @@ class LoadPlan(Shown):
     Properties are computed on first use and kept: ``.placement`` reads free memory at that moment.
     """
 
-    def __init__(self, model: str, args: PlanArgs, *, offline: bool = False) -> None:
+    def __init__(
+        self,
+        model: str,
+        args: PlanArgs,
+        *,
+        offline: bool = False,
+        rows: list[BackendStatus] | None = None,
+        config: model_config.ModelConfig | None = None,
+    ) -> None:
         self.model = model
         self.args = args
         self.offline = offline
         self._problems: list[str] | None = None
+        if rows is not None:  # a machine read already (the solver plans many options against one read)
+            self.__dict__["rows"] = rows
+        if config is not None:  # the config as read already (one read for the solver's many plans of a model)
+            self.__dict__["config"] = config
 
     def __repr__(self) -> str:
         return f"LoadPlan(model={self.model!r}, {self.args})"
@@ -306,7 +322,21 @@ class LoadPlan(Shown):
         model = self.meta_model
         if model is None:
             return None
-        found = place(model, self.args, quantizer=self.quantizer, default_device=self.default_device, live=self.live)
+        # Attention and kernels change no module's size: plans that differ only there share one placement.
+        args = self.args
+        live = None if args.max_memory is not None else tuple(sorted(self.live.max_memory.items(), key=str))
+        key = (_config_key(self.config.config), self.auto_class, self.dtype, args.quantization, repr(args.device_map),
+               repr(args.max_memory), self.default_device, live, repr(self.target))  # fmt: skip
+        quantizer = self.quantizer
+
+        def placed() -> tuple[Placement, list[str]]:
+            found = place(model, args, quantizer=quantizer, default_device=self.default_device, live=self.live)
+            return found, list(quantizer.errors) if quantizer is not None else []
+
+        found, errors = _PLACEMENTS.get(key, placed)
+        if quantizer is not None and not quantizer.errors:
+            quantizer.errors.extend(errors)  # transformers' device_map checks, made while placing
+        found = copy.deepcopy(found)  # each plan's own: the run's verdict replaces parts of it
         return for_target.unlisted_budgets(found, self.target) if self.target is not None else found
 
     @cached_property
@@ -314,6 +344,20 @@ class LoadPlan(Shown):
         """The device_map transformers would compute; per device the weights, cache, activations and reserve of the
         run against the device's budget, and a verdict that counts the run; None without a config."""
         return run_plan.with_run(self)
+
+    @cached_property
+    def run_fits(self) -> bool | None:
+        """Whether the run fits every budget, as the verdict decides "fits", without searching for the largest
+        context (``placement.verdict`` does that when it does not fit); None when no dry run answers."""
+        with meta_build.quiet():
+            return run_plan.run_fits(self)
+
+    @property
+    def absent_devices(self) -> list[str]:
+        """The problems of ``check()`` that say a device of the placement is not on this machine (a plan for
+        other hardware, named by ``max_memory``, has them by design)."""
+        placement = self.weight_placement if self.config.available else None
+        return [] if placement is None else self._device_problems(placement)
 
     @cached_property
     def dry_run(self) -> run_plan.Outcome:

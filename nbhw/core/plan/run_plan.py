@@ -188,13 +188,30 @@ def with_run(plan: Any) -> Placement | None:
     if outcome.run is None:
         verdict = f"weights only: {_where(placement)}; the run is not covered (see the estimate)"
         return replace(placement, verdict=verdict, run_kind="not_covered")
-    shares = [_filled(_share_of(placement, label, plan), m, plan) for label, m in outcome.run.devices.items()]
-    shares += [s for s in placement.devices if s.key not in outcome.run.devices]
-    order = {s.key: i for i, s in enumerate(placement.devices)}
-    shares.sort(key=lambda s: order.get(s.key, -1))
+    shares = run_shares(plan)
     over = [s for s in shares if s.over_bytes is not None and s.over_bytes > 0]
     text, kind = _run_verdict(plan, placement, over)
     return replace(placement, devices=shares, verdict=text, run_kind=kind)
+
+
+def run_shares(plan: Any) -> list[DeviceShare]:
+    """The placement's devices with the dry run's figures filled in, in the placement's order (a dry run needed)."""
+    placement: Placement = plan.weight_placement
+    outcome: RunEstimate = plan.dry_run.run
+    shares = [_filled(_share_of(placement, label, plan), m, plan) for label, m in outcome.devices.items()]
+    shares += [s for s in placement.devices if s.key not in outcome.devices]
+    order = {s.key: i for i, s in enumerate(placement.devices)}
+    shares.sort(key=lambda s: order.get(s.key, -1))
+    return shares
+
+
+def run_fits(plan: Any) -> bool | None:
+    """Whether the run fits every device's budget: the verdict's own test ("fits"), without the search for the
+    largest context that the other verdicts report; None when the verdict is not about the run."""
+    placement: Placement | None = plan.weight_placement
+    if placement is None or placement.kind in ("none", "too_big") or plan.dry_run.run is None:
+        return None
+    return not any(s.over_bytes is not None and s.over_bytes > 0 for s in run_shares(plan))
 
 
 def _filled(share: DeviceShare, measured: run.DeviceRun, plan: Any) -> DeviceShare:

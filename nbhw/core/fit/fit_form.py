@@ -1,0 +1,27 @@
+"""The Load tab's "Make it fit": the solver run for a form, and the form filled with its answer (no widgets here).
+
+What must fit where stays as the form has it (context, batch, encoder_length and the max_memory budget); every other
+control is searched, so the answer can change dtype, quantization, attention, kernels and device_map.
+"""
+
+from __future__ import annotations
+
+from nbhw.core.errors import UserError
+from nbhw.core.fit.solver import FitResult, fit
+from nbhw.core.plan.load_form import CONTROLS, Form, form_words
+
+KEPT = ("context", "batch", "encoder_length", "max_memory")
+
+
+def fit_form(form: Form) -> tuple[Form, FitResult]:
+    """The form filled with the solver's answer (unchanged when nothing fits), and the answer itself."""
+    if not form.model.strip():
+        raise UserError("model: give a Hub id like 'org/name' or the folder of a local model")
+    values = form.plan_values()
+    kept = {name: values[name] for name in KEPT if values.get(name) is not None}
+    result = fit(form.model.strip(), offline=form.offline, **kept)
+    if result.plan is None:
+        return form, result
+    args = result.plan.args
+    words = form_words({name: getattr(args, name) for name in CONTROLS})
+    return Form(form.model, offline=form.offline, **words), result

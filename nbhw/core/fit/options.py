@@ -1,0 +1,115 @@
+"""The options the solver searches, and the one order they are ranked by (stated here once; README says the same).
+
+An option is one way to call ``from_pretrained``: dtype, quantization, attn_implementation, use_kernels, the
+device_map strategy and a share of each accelerator's budget (``max_memory``). Options are ranked by, in turn:
+
+1. **where the layers are**: every layer on accelerators, then with CPU offload, then with disk offload
+   (a budget with no accelerator at all counts the CPU as the device);
+2. **precision**: the checkpoint's dtype, then smaller floating dtypes, then 8-bit, then 4-bit quantization;
+3. **attention**: faster before slower (:data:`ATTENTION_ORDER`);
+4. **kernels**: use_kernels off, then on (its Hub downloads are not checked before load);
+5. **device_map strategy**, in the order transformers lists them (auto first);
+6. **memory share**: each accelerator's whole budget, then less (:data:`MEMORY_SHARES`), leaving room for the run.
+
+The first option that fits by this order is the answer. Every list is read at run time from what transformers
+offers (its attention registry, its device_map strategies, the quantization words a plan takes).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from nbhw.core.plan.arguments import QUANTIZATION, MemoryKey, strategy_names
+
+# Where the layers are, best first: the placement kinds of a weights-only placement (nbhw.core.plan.placement).
+WHERE = ("on accelerators", "with CPU offload", "with disk offload")
+WHERE_OF_KIND = {"one_device": 0, "split": 0, "cpu_offload": 1, "disk": 2}
+# attn_implementation words, fastest first; a registered name not listed here (flex, paged, Hub kernels) is only
+# searched when you pin it.
+ATTENTION_ORDER = ("flash_attention_3", "flash_attention_2", "sdpa", "eager")
+SMALLER_DTYPES = ("bfloat16", "float16")  # tried below a float32 checkpoint's own dtype, in this order
+QUANTIZATION_ORDER = ("8bit", "4bit")  # higher precision first
+MEMORY_SHARES = (1.0, 0.85, 0.7, 0.55)
+KERNELS = (False, True)
+ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class Option:
+    """One combination of from_pretrained arguments the solver plans."""
+
+    dtype: str
+    quantization: str | None
+    attn_implementation: str | None
+    use_kernels: bool
+    device_map: Any
+    share: float = 1.0
+
+    def words(self) -> str:
+        """The option as a person reads it: 'bfloat16, 4bit, sdpa, device_map=auto, 70% of each accelerator'."""
+        parts = [self.dtype if self.quantization is None else f"{self.quantization} ({self.dtype} compute)"]
+        parts.append(f"attn_implementation={self.attn_implementation or 'default'}")
+        if self.use_kernels:
+            parts.append("use_kernels=True")
+        parts.append(f"device_map={self.device_map}")
+        if self.share < 1.0:
+            parts.append(f"max_memory {round(self.share * 100)}% of each accelerator")
+        return ", ".join(parts)
+
+
+def attention_words() -> tuple[str, ...]:
+    """The attention implementations of ATTENTION_ORDER that transformers registers here."""
+    # lazy: import nbhw and %load_ext nbhw stay free of transformers
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    registered = {"eager", *ALL_ATTENTION_FUNCTIONS.valid_keys()}
+    return tuple(a for a in ATTENTION_ORDER if a in registered)
+
+
+def precisions(checkpoint_dtype: str, pinned: dict[str, Any]) -> list[tuple[str, str | None]]:
+    """(dtype, quantization) pairs, higher precision first; a pinned dtype or quantization is kept."""
+    size = ITEMSIZE.get(checkpoint_dtype, 4)
+    floats = ["auto", *(d for d in SMALLER_DTYPES if ITEMSIZE[d] < size)]
+    dtypes = [pinned["dtype"]] if "dtype" in pinned else floats
+    quantized = [q for q in QUANTIZATION_ORDER if q in QUANTIZATION]
+    if "quantization" in pinned:
+        return [(d, pinned["quantization"]) for d in dtypes]
+    # quantizing starts from the checkpoint's own dtype (bitsandbytes keeps it as the compute dtype)
+    return [(d, None) for d in dtypes] + [(dtypes[0], q) for q in quantized]
+
+
+def strategies(pinned: dict[str, Any]) -> list[Any]:
+    """device_map values: the pinned one, else transformers' strategies in its own order."""
+    return [pinned["device_map"]] if "device_map" in pinned else list(strategy_names())
+
+
+def shares(has_budget: bool) -> tuple[float, ...]:
+    """Memory shares of each accelerator's budget (yours, or this machine's free memory); only the whole of it
+    when no accelerator budget is known."""
+    return MEMORY_SHARES if has_budget else (1.0,)
+
+
+def options(checkpoint_dtype: str, pinned: dict[str, Any], *, has_budget: bool) -> list[Option]:
+    """Every option, in the documented order of precision, attention, kernels, strategy and share."""
+    attns = [pinned["attn_implementation"]] if "attn_implementation" in pinned else list(attention_words())
+    kernels = [pinned["use_kernels"]] if "use_kernels" in pinned else list(KERNELS)
+    found = []
+    for (dtype, quant), attn, kern, strategy, share in itertools.product(
+        precisions(checkpoint_dtype, pinned), attns, kernels, strategies(pinned), shares(has_budget)
+    ):
+        found.append(Option(dtype, quant, attn, kern, strategy, share))
+    return found
+
+
+def memory_for(share: float, budget: dict[MemoryKey, int]) -> dict[MemoryKey, int | str]:
+    """max_memory with each accelerator's budget cut to ``share`` (the CPU's stays): whole MiB as code reads best,
+    bytes below 64 MiB (tiny test budgets)."""
+    mib = 2**20
+
+    def cut(v: int) -> int | str:
+        left = int(v * share)
+        return f"{left // mib}MiB" if left >= 64 * mib else left
+
+    return {k: (cut(v) if k not in ("cpu", "disk", "mps") else v) for k, v in budget.items()}

@@ -1,0 +1,211 @@
+"""The option solver (nbhw.fit) against brute force: on a grid of small configs x budgets x contexts, the answer
+is the best option by the documented order found by planning every combination, and every rejection's reason is
+the one that option's own plan gives. Bad input: nothing fits is an answer, conflicts are one-line errors."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+import transformers as tf
+from IPython.core.error import UsageError
+
+import nbhw
+from nbhw.core.errors import UserError
+from nbhw.core.fit import solver
+from nbhw.core.fit.options import WHERE_OF_KIND, options
+from nbhw.core.hf.meta_build import quiet
+from nbhw.core.plan.load_plan import LoadPlan
+from tests import families, published
+from tests.test_run import config_only
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# name -> (config, architecture, checkpoint dtype)
+MODELS: dict[str, tuple[Callable[[], Any], str, str]] = {
+    "llama": (lambda: tf.LlamaConfig(**{**families.COMMON, "num_hidden_layers": 4}, head_dim=16),
+              "LlamaForCausalLM", "float32"),
+    "qwen3": (families.qwen3, "Qwen3ForCausalLM", "bfloat16"),
+    "mixtral": (families.mixtral, "MixtralForCausalLM", "float32"),
+    "mistral": (families.mistral, "MistralForCausalLM", "bfloat16"),
+    "gpt2": (families.gpt2, "GPT2LMHeadModel", "float32"),
+}  # fmt: skip
+CONTEXTS = (200, 600, 1200, 1800)
+MIN_CASES = 200
+# Budgets as shares of N, what the run needs on one device in the checkpoint's dtype (so they scale to each model).
+BUDGETS: dict[str, dict[int | str, float]] = {
+    "one roomy": {0: 1.5},
+    "one tight": {0: 0.8},
+    "one tight + cpu": {0: 0.8, "cpu": 10},
+    "one small + cpu": {0: 0.4, "cpu": 10},
+    "one tiny + cpu": {0: 0.2, "cpu": 10},
+    "two halves": {0: 0.5, 1: 0.5},
+    "two roomy halves": {0: 0.6, 1: 0.6},
+    "two small + cpu": {0: 0.3, 1: 0.3, "cpu": 10},
+    "one far too small": {0: 0.05},
+    "cpu only": {"cpu": 2},
+}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("fit")
+    return {name: config_only(make(), root / name, arch, dtype) for name, (make, arch, dtype) in MODELS.items()}
+
+
+def need(folder: str, context: int) -> int:
+    """What the run needs on one device (weights, cache, activations; no reserve)."""
+    p = nbhw.plan(folder, device_map=0, max_memory={0: 2**40}, context=context, reserve=0)
+    with quiet():
+        return int(p.placement.devices[0].needed_bytes)
+
+
+def cases() -> list[tuple[str, str, int]]:
+    return list(itertools.product(MODELS, BUDGETS, CONTEXTS))
+
+
+def expected_reason(p: LoadPlan, problems: list[str], where: int | None, stage: int) -> str:
+    """The option's own plan's words: its problems, else where its weights go, else its run's verdict."""
+    if problems:
+        return "; ".join(problems)
+    placement = p.weight_placement if where != stage else p.placement
+    return placement.verdict if placement is not None else "no placement"
+
+
+def brute_force(
+    folder: str, pinned: dict[str, Any], base: LoadPlan
+) -> list[tuple[Any, LoadPlan, list[str], int | None, bool]]:
+    """Every option planned (the plans are the kept ones the solver shares), each judged by its own check(), its
+    weights-only placement and its run."""
+    budget = base.args.max_memory_bytes
+    has_acc = any(isinstance(k, int) for k in budget or {})
+    every = options(base.checkpoint_dtype, pinned, has_budget=has_acc)
+    search = solver.Search(folder, pinned, False, budget, True, (0, 1, 2), every, base)
+    found = []
+    for option in every:
+        p = solver.planned(folder, search.values(option), False, base)
+        with quiet():
+            problems = [x for x in p.check() if x not in p.absent_devices]
+            where = WHERE_OF_KIND.get(p.weight_placement.kind) if p.weight_placement else None
+            fits = not problems and where is not None and bool(p.run_fits)
+        found.append((option, p, problems, where, fits))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)  # 200 cases, each searched and brute-forced: 5 min per 70 cases on this loaded machine
+def test_solver_equals_brute_force_on_the_grid(folders: dict[str, str]) -> None:
+    grid = cases()
+    assert len(grid) >= MIN_CASES
+    needs = {(m, c): need(folders[m], c) for m in MODELS for c in CONTEXTS}
+    answered = nothing = 0
+    for i, (model, budget_name, context) in enumerate(grid):
+        n = needs[(model, context)]
+        budget = {k: int(share * n) for k, share in BUDGETS[budget_name].items()}
+        # To keep the grid quick: attention and kernels are searched in every tenth case (their other options are
+        # refused here or plan the same), device_map strategies in every fifth; the rest is searched everywhere.
+        pinned: dict[str, Any] = {"max_memory": budget, "context": context, "reserve": 0}
+        if i % 10:
+            pinned |= {"attn_implementation": "sdpa", "use_kernels": False}
+        if i % 5:
+            pinned |= {"device_map": "auto"}
+        result = nbhw.fit(folders[model], **pinned)
+        base = result.search.base
+        planned = brute_force(folders[model], dict(result.search.pinned), base)
+        ranked = [(where, index) for index, (_, _, _, where, fits) in enumerate(planned) if fits]
+        label = f"{model} / {budget_name} / {context}"
+        print(label, result.headline(), f"{result.seconds:.2f} s", flush=True)
+        if not ranked:
+            assert result.plan is None, label
+            assert all(r.why in ("refused", "placed", "run") for r in result.rejected)
+            nothing += 1
+        else:
+            where, index = min(ranked)
+            assert result.option == planned[index][0], label
+            assert result.answer is not None and result.answer.where == where, label
+            answered += 1
+        for r in result.rejected:
+            index = result.search.options.index(r.option)
+            _, own, problems, where, _ = planned[index]
+            assert r.reason == expected_reason(own, problems, where, r.stage), (label, r.option)
+    assert answered and nothing, (answered, nothing)
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.fixture(scope="module")
+def llama70b(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return published.folder("Llama-3.1-70B", tmp_path_factory.mktemp("published"))
+
+
+def test_an_impossible_request_is_an_answer_not_an_exception(llama70b: str) -> None:
+    # a 70B at 128k on one T4: the prefill's logits alone (131,072 x 128,256 x 4 B) are over any 15 GiB device
+    result = nbhw.fit(llama70b, context="128k", max_memory={0: "15GiB"}, accelerators_only=True)
+    assert result.plan is None and result.code is None
+    assert result.rejected and all(r.reason for r in result.rejected[:50])
+    assert "nothing fits" in result.text() and result.to_dict()["fits"] is False
+    for change in result.nearest:
+        assert change.plan.run_fits
+
+
+def test_nothing_fits_names_the_nearest_changes_that_do(folders: dict[str, str]) -> None:
+    folder = folders["llama"]
+    budget = {0: int(0.02 * need(folder, 600))}
+    result = nbhw.fit(folder, context=600, max_memory=budget, reserve=0, accelerators_only=True)
+    assert result.plan is None
+    changes = [c.what for c in result.nearest]
+    assert changes and all(c.startswith("context ") or "accelerators of" in c for c in changes), changes
+    for change in result.nearest:  # each is a plan that fits, by its own verdict
+        assert change.plan.placement is not None and change.plan.placement.run_kind == "fits", change.what
+    assert "Nearest changes that fit" in result.text()
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"accelerators_only": True, "device_map": "cpu"}, "puts layers off the accelerators"),
+        ({"accelerators_only": True, "max_memory": {"cpu": "10GiB"}}, "names no accelerator"),
+        ({"method": "lora"}, "is for task='train'"),
+        ({"task": "serve"}, "unknown task 'serve'; valid: infer"),
+        ({"context": 0}, "context 0 is out of range"),
+        ({"context": 10**9}, "out of range"),
+        ({"batch": 0}, "batch 0 is out of range"),
+        ({"quantize": "4bit"}, "unknown argument 'quantize'"),
+        ({"dtype": "int8"}, "dtype"),
+    ],
+)
+def test_conflicting_or_bad_options_are_one_line_errors(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(UserError) as caught:
+        nbhw.fit(None, **values)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_the_cli_and_the_magic_take_the_same_words(
+    ip: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nbhw.__main__ import main
+
+    assert main(["fit", "--context", "200", "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["fits"] and found["plan"]["code"] and found["option"]["attn_implementation"] == "sdpa"
+    assert main(["fit", "--context", "zero"]) == 2
+    assert "context 'zero' is not a token count" in capsys.readouterr().err
+    seen: list[str] = []
+    monkeypatch.setattr(ip, "set_next_input", lambda text, replace=False: seen.append(text))
+    ip.run_line_magic("load_ext", "nbhw")
+    ip.run_line_magic("hw", "fit --context 200 --emit")
+    assert seen == [found["plan"]["code"]]
+    with pytest.raises(UsageError, match="accelerators_only=True but device_map='cpu'"):
+        ip.run_line_magic("hw", "fit --accelerators-only --device-map cpu")
