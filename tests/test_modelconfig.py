@@ -93,3 +93,11 @@ def test_reading_an_odd_config_logs_nothing(tmp_path: Path, capfd: pytest.Captur
     capfd.readouterr()
     assert model_config.load(str(tmp_path)).available
     assert capfd.readouterr() == ("", "")
+
+
+def test_a_home_folder_of_a_user_that_is_not_here_is_a_one_line_mistake() -> None:
+    from nbhw.core.errors import UserError
+    from nbhw.core.hf.model_config import kind
+
+    with pytest.raises(UserError, match="no such folder: '~nobody-here-xyz/model'"):
+        kind("~nobody-here-xyz/model")

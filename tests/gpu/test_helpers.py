@@ -213,7 +213,10 @@ def test_driver_runs_to_no_gpu_and_leaves_its_results(tmp_path: Path) -> None:
     assert {t["message"] for t in tests} == {why_no_gpu()}
     assert data["summary"]["skipped"] == len(tests) and data["summary"]["passed"] == 0
     names = {t["nodeid"].split("::")[0] for t in tests}
-    assert names == {f"tests/gpu/test_{m}.py" for m in ("attention", "detect", "doctor", "memory", "plan", "visible")}
+    assert names == {
+        f"tests/gpu/test_{m}.py"
+        for m in ("attention", "detect", "doctor", "holders", "loaded", "memory", "plan", "run", "train", "visible")
+    }
     assert (tmp_path / "out/junit.xml").read_text().count("<skipped") == len(tests)
 
 

@@ -63,7 +63,12 @@ def _is_repo_id(model: str) -> bool:
 
 def kind(model: str) -> str:
     """'local' for an existing folder, 'hub' for a valid Hub id; a UserError for anything else."""
-    path = Path(model).expanduser()
+    try:
+        path = Path(model).expanduser()
+    except RuntimeError:  # "~name" for a user this machine doesn't have
+        user = model[1:].split("/", maxsplit=1)[0]
+        raise UserError(f"no such folder: {model!r} (no user {user!r} here); pass an existing model folder or a Hub "
+                        "id like 'org/name'") from None  # fmt: skip
     if path.is_dir():
         return "local"
     if path.exists():
