@@ -177,10 +177,13 @@ class Panel:
             self.memory.close()  # the last memory view closing stops the sampler
         if self.holders is not None:
             self.holders.close()
-        for view in (self.devices, self.attention, self.load):
-            if view is not None:
-                view.close()
-        close_tree(self._memory_box, self._tabs)
+        # Under the widgets' lock: a result being applied on the worker's thread (a Load tab's new memory fields)
+        # finishes first, then everything it made is closed with the rest; later results see the view closed.
+        with LOCK:
+            for view in (self.devices, self.attention, self.load):
+                if view is not None:
+                    view.close()
+            close_tree(self._memory_box, self._tabs)
         _stop_worker_if_unused()
 
     # -- text and display
