@@ -5,6 +5,7 @@ difference there is and no other; peaks against the plan; %hw loaded and its JSO
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -207,7 +208,8 @@ def test_the_loading_and_the_generate_cells_peaks_stand_beside_the_plans(session
         run_peak = peaks[gen.execution_count]
         assert run_peak.what == f"generate at 3 x {tokens:,} tokens"
         assert run_peak.planned == plan_at(plan, 3, tokens).placement.devices[0].peak_bytes
-        assert run_peak.delta == run_peak.measured - run_peak.planned and "sampled" in run_peak.measured_by
+        assert run_peak.delta == run_peak.measured - run_peak.planned
+        assert ("the kernel's peak" if sys.platform == "linux" else "sampled") in run_peak.measured_by
         assert f"{run_peak.percent:+.1f} %" in run_peak.words
     finally:
         run(session, "%hw memory --stop")
@@ -330,8 +332,10 @@ def mid(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["auto", "bfloat16"])
 def test_on_cpu_the_measured_peaks_are_near_the_plans(session: Any, mid: str, dtype: str) -> None:
-    # Measured on this machine: loading -20 % (float32, same dtype: pages of the mapping) and -5 % (a cast to
-    # bfloat16: a private copy); generate at 8 x 576 tokens +15 % and -8 %. Host RSS, sampled every 0.05 s.
+    # Measured on this machine (Linux's peak RSS, the C heap trimmed at each cell's start), alone and after the
+    # file's other tests: loading -13 % / -25 % (float32, same dtype: pages of the mapping) and +0.1 % (a cast to
+    # bfloat16: a private copy); generate at 8 x 576 tokens +4 % (float32) and +25 % / +19 % (bfloat16). Sampled
+    # RSS alone read -42 % for the bfloat16 generate in CI: freed heap pages reused by the cell hid its rise.
     run(session, "%hw memory --interval 0.05 --window 120")
     try:
         run(session, f"import torch, transformers\ntok = transformers.AutoTokenizer.from_pretrained({mid!r})")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import math
+import mmap
 import subprocess
 import sys
 import threading
@@ -109,9 +110,26 @@ def test_host_source_reports_this_process_rss_and_the_machines_available_memory(
     assert 0 < values["rss"] < values["capacity"] == psutil.virtual_memory().total
     assert 0 < values["available"] <= values["capacity"]
     before = values["rss"]
-    block = np.ones(64 * MIB // 8)
+    # Fresh pages of its own (an anonymous mapping, written): memory the C heap freed earlier can't stand in for it.
+    block = mmap.mmap(-1, 64 * MIB)
+    block.write(b"x" * (64 * MIB))
     assert memory.HostSource().read()["rss"] - before > 50 * MIB
-    del block
+    block.close()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the peak RSS a process can restart (VmHWM) is Linux's")
+def test_host_source_keeps_the_kernels_peak_of_a_block_freed_before_anyone_sampled_it() -> None:
+    source = memory.HostSource()
+    assert source.reset_peak() and source.peak_from == "kernel"
+    start = source.read_primary()
+    block = mmap.mmap(-1, 96 * MIB)
+    block.write(b"x" * (96 * MIB))
+    block.close()
+    peak = source.peak()
+    assert peak is not None and peak - start > 90 * MIB
+    assert source.read_primary() - start < 40 * MIB
+    # Restarted, the peak is where the process is now.
+    assert source.reset_peak() and source.peak() - source.read_primary() < 20 * MIB  # type: ignore[operator]
 
 
 # ---------------------------------------------------------------- ring buffer

@@ -40,9 +40,10 @@ def test_cells_that_allocate_are_recorded_with_their_execution_counts(
     host = got[keep.execution_count].memory["host"]
     assert host.delta >= 200 * MIB and host.peak >= host.end
     assert got[tensor.execution_count].memory["host"].delta >= 200 * MIB
-    # Freed before the cell ended: no delta left, but the sampled peak saw it.
+    # Freed before the cell ended: no delta left, but the peak saw it (Linux's own peak RSS; elsewhere the samples).
     spiked = got[spike.execution_count].memory["host"]
-    assert abs(spiked.delta) < 100 * MIB and spiked.used >= 400 * MIB and spiked.peak_from == "samples"
+    assert abs(spiked.delta) < 100 * MIB and spiked.used >= 400 * MIB
+    assert spiked.peak_from == ("kernel" if sys.platform == "linux" else "samples")
     assert got[small.execution_count].memory["host"].used < 50 * MIB
     assert all(got[c].succeeded for c in counts)
     capsys.readouterr()

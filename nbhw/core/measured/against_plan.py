@@ -203,6 +203,8 @@ def differences(plan: LoadPlan, loaded: LoadedModel, loaded_exceptions: set[str]
 def _measured_by(memory: CellMemory, interval: float | None) -> str:
     if memory.peak_from == "allocator":
         return f"{memory.trace}, the allocator's peak"
+    if memory.peak_from == "kernel":
+        return f"{memory.trace}, the kernel's peak (VmHWM); it counts all the process allocated, not only tensors"
     every = f" every {interval:g} s" if interval else ""
     what = "; it counts all the process allocated, not only tensors" if memory.device == "host" else ""
     return f"{memory.trace} sampled{every}: a shorter peak can be missed{what}"

@@ -21,7 +21,7 @@ class CellMemory:
     start: int
     end: int
     peak: int
-    peak_from: str  # "allocator" (the backend's peak counter) or "samples" (the sampled maximum)
+    peak_from: str  # "allocator" (the backend's peak counter), "kernel" (Linux's peak RSS) or "samples" (sampled)
 
     @property
     def delta(self) -> int:
@@ -139,7 +139,7 @@ class CellLog:
             except Exception:
                 value = None
             if value is not None:
-                return value, "allocator"
+                return value, source.peak_from
         sampled = self.sampler.max_between(trace, opened.started, ended)
         return (int(sampled) if sampled is not None else 0), "samples"
 

@@ -6,6 +6,7 @@ are read only after torch itself has initialised CUDA (no new context).
 
 from __future__ import annotations
 
+import ctypes
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ class Source:
     device = "?"
     kinds: tuple[str, ...] = ()
     primary: str | None = None  # the kind a cell's delta and peak are measured on
+    peak_from = "allocator"  # who keeps the peak :meth:`peak` reads
 
     @property
     def traces(self) -> tuple[Trace, ...]:
@@ -94,6 +96,38 @@ class HostSource(Source):
 
     def read(self) -> dict[str, int]:
         return {"rss": int(self._process.memory_info().rss)}
+
+    # Linux keeps this process's peak RSS (VmHWM) and lets the process restart it: the peak of a cell is then exact,
+    # not sampled. The C heap is trimmed first, so memory freed earlier but still resident (glibc keeps freed chunks
+    # and reuses them) does not hide what the cell takes: the rise from the start is what the cell added.
+    peak_from = "kernel"
+
+    def reset_peak(self) -> bool:
+        _trim_c_heap()
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            return False
+        return self.peak() is not None
+
+    def peak(self) -> int | None:
+        try:
+            with open("/proc/self/status") as f:
+                status = f.read()
+        except OSError:
+            return None
+        kib = next((line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")), None)
+        return int(kib) * 1024 if kib is not None else None
+
+
+def _trim_c_heap() -> None:
+    """Hand the C heap's free pages back to the system (glibc's malloc_trim); nothing elsewhere."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):
+        return
+    trim(0)
 
 
 class MachineSource(Source):
