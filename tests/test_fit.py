@@ -172,6 +172,33 @@ def test_nothing_fits_names_the_nearest_changes_that_do(folders: dict[str, str])
     assert "Nearest changes that fit" in result.text()
 
 
+def test_a_catalog_target_is_searched_on_its_own_memory_and_rules(folders: dict[str, str]) -> None:
+    result = nbhw.fit(folders["llama"], context=600, target="t4")
+    assert result.plan is not None and result.plan.target is not None and result.plan.target.text == "T4"
+    assert result.option is not None and result.option.share == 1.0 and "max_memory" not in (result.code or "")
+    # the T4's compute capability 7.5 refuses flash attention, by the plan's own check for the target
+    flash = [r for r in result.rejected if (r.option.attn_implementation or "").startswith("flash_attention")]
+    assert flash and all("7.5" in r.reason for r in flash if not r.option.use_kernels)
+    assert result.option.attn_implementation in ("sdpa", "eager")
+
+
+def test_when_nothing_fits_a_target_more_of_its_cards_are_the_nearest_change(llama70b: str) -> None:
+    pinned = {"dtype": "auto", "attn_implementation": "sdpa", "use_kernels": False, "device_map": "auto"}
+    result = nbhw.fit(llama70b, context=512, target="t4", accelerators_only=True, **pinned)
+    assert result.plan is None
+    more = [c for c in result.nearest if c.what.startswith("target '")]
+    assert len(more) == 1, [c.what for c in result.nearest]
+    found = more[0].plan
+    assert found.target is not None and found.target.cards > 1 and found.run_fits
+    # the first count (one more, then doubling) that fits: the count before it does not
+    counts = [2, 4, 8, 16, 32, 64]
+    assert found.target.cards in counts, found.target.cards
+    fewer = counts[counts.index(found.target.cards) - 1] if found.target.cards > 2 else 1
+    with quiet():
+        assert not nbhw.plan(llama70b, context=512, target=f"{fewer}x T4", **pinned).run_fits
+    assert f"  - {more[0].what}: " in result.text() and f"target '{found.target.text}'" in more[0].what
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [

@@ -23,6 +23,7 @@ from nbhw.core.cache import Recent
 from nbhw.core.errors import UserError
 from nbhw.core.fit.arguments import FIT_ARGUMENTS, FitArgs, fit_args
 from nbhw.core.fit.options import WHERE, WHERE_OF_KIND, Option, memory_for, options
+from nbhw.core.hardware.targets import MAX_COUNT, Target
 from nbhw.core.hf import meta_build
 from nbhw.core.plan.arguments import DISK, PLAN_ARGUMENTS, MemoryKey, plan_args
 from nbhw.core.plan.load_plan import LoadPlan, plan
@@ -184,10 +185,11 @@ def _accelerators(budget: dict[MemoryKey, int] | None) -> dict[int, int]:
 def new_search(model: str, pinned: dict[str, Any], offline: bool, args: FitArgs, base: LoadPlan) -> Search:
     named = "max_memory" in pinned
     budget = base.args.max_memory_bytes if named else dict(base.live.max_memory)
-    has_accelerator = any(is_accelerator(k) for k in budget or {})
+    # A catalog target's memory is the catalog's (max_memory can't be given beside it): searched whole, no shares.
+    shared = any(is_accelerator(k) for k in budget or {}) and base.target is None
     stages = (0,) if args.accelerators_only else tuple(range(len(WHERE)))
-    found = options(base.checkpoint_dtype, pinned, has_budget=has_accelerator)
-    return Search(model, pinned, offline, budget, named, stages, found, base)
+    found = options(base.checkpoint_dtype, pinned, has_budget=shared)
+    return Search(model, pinned, offline, budget, named or base.target is not None, stages, found, base)
 
 
 # ---------------------------------------------------------------- when nothing fits
@@ -223,6 +225,9 @@ def _device_counts(now: int) -> list[int]:
 def _more_devices(search: Search, args: FitArgs) -> Iterator[Change]:
     """The first count of accelerators, each like the largest in the budget (one more, then doubling), with which
     some option fits (whole budgets only: the shares are for the budget you named)."""
+    if search.base is not None and search.base.target is not None:
+        yield from _more_cards(search, search.base.target)
+        return
     accelerators = _accelerators(search.budget)
     if not accelerators or search.budget is None:
         return
@@ -239,6 +244,22 @@ def _more_devices(search: Search, args: FitArgs) -> Iterator[Change]:
         if answer is not None:
             yield Change(f"{count} accelerators of {render.size(largest)} ({count - len(accelerators)} more)",
                          answer.plan)  # fmt: skip
+            return
+
+
+def _more_cards(search: Search, target: Target) -> Iterator[Change]:
+    """For a catalog target: the first count of its cards (one more, then doubling) with which some option fits."""
+    for cards in _device_counts(target.cards):
+        if cards > MAX_COUNT:
+            return
+        more = Target(target.accelerator, cards)
+        pinned = {**search.pinned, "target": more.text}
+        base = plan(search.model, offline=search.offline, **pinned)
+        wider = Search(search.model, pinned, search.offline, dict(base.live.max_memory), True, search.stages,
+                       search.options, base)  # fmt: skip
+        answer, _ = wider.run()
+        if answer is not None:
+            yield Change(f"target {more.text!r} ({cards - target.cards} more)", answer.plan)
             return
 
 
