@@ -19,7 +19,7 @@ from typing import Any, Literal, NoReturn
 from nbhw.core.advice.arguments import ADVICE_ARGUMENTS, QUANTIZATION_ARGUMENTS
 from nbhw.core.argument import EMIT, JSON, MODEL, OFFLINE, Argument
 from nbhw.core.errors import UserError
-from nbhw.core.fit.arguments import FIT_ARGUMENTS
+from nbhw.core.fit.arguments import FIT_ARGUMENTS, TRAIN_ONLY
 from nbhw.core.hardware.targets import VENDOR
 from nbhw.core.measured.arguments import PIN_ARGUMENTS
 from nbhw.core.memory.arguments import FREE_ARGUMENTS, HOLDERS_ARGUMENTS, MEMORY_ARGUMENTS
@@ -90,9 +90,10 @@ COMMANDS = (
     ),
     Command(
         "fit",
-        "make it fit: the best from_pretrained call for --context / --batch on this machine or --max-memory, by "
-        "nbhw's documented order, and why every option ahead of it lost (--emit: the cell below)",
-        (MODEL, *FIT_ARGUMENTS, *PLAN_ARGUMENTS, OFFLINE, EMIT, JSON),
+        "make it fit: the best from_pretrained call for --context / --batch on this machine, --max-memory or "
+        "--target (--task train: the best fine-tuning method, checkpointing, micro-batch and strategy), by nbhw's "
+        "documented order, and why every option ahead of it lost (--emit: the cell below)",
+        (MODEL, *FIT_ARGUMENTS, *PLAN_ARGUMENTS, *TRAIN_ONLY, OFFLINE, EMIT, JSON),
     ),
     Command("report", "environment report for bug reports", (JSON,)),
     Command(

@@ -20,11 +20,12 @@ from nbhw import __main__ as cli
 from nbhw import commands, magics
 from nbhw.core.advice.arguments import ADVICE_ARGUMENTS
 from nbhw.core.argument import Argument
-from nbhw.core.fit.arguments import FIT_ARGUMENTS
+from nbhw.core.fit.arguments import FIT_ARGUMENTS, TRAIN_ONLY
 from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.core.plan import codegen
 from nbhw.core.plan.arguments import PLAN_ARGUMENTS, PlanArgs
 from nbhw.core.plan.load_form import CONTROLS, OPTIONS
+from nbhw.core.train.arguments import TRAIN_ARGUMENTS
 from nbhw.ui.load import LoadView
 from nbhw.ui.worker import Worker
 
@@ -128,11 +129,13 @@ def test_the_attention_words_are_the_advisors_declared_arguments(surface: comman
 @pytest.mark.parametrize("surface", ["magic", "cli"])
 def test_the_fit_words_are_its_own_and_the_plans_declared_arguments(surface: commands.Surface) -> None:
     words = options_of(commands.parser(surface), "fit")
-    assert set(words) == declared_words(FIT_ARGUMENTS) | declared_words(PLAN_ARGUMENTS) | {
-        "model", "--offline", "--emit", "--json",
-    }  # fmt: skip
-    names = {a.name for a in (*FIT_ARGUMENTS, *PLAN_ARGUMENTS)}
+    groups = (FIT_ARGUMENTS, PLAN_ARGUMENTS, TRAIN_ONLY)
+    assert set(words) == set().union(*map(declared_words, groups)) | {"model", "--offline", "--emit", "--json"}
+    names = {a.name for g in groups for a in g}
     assert set(inspect.signature(nbhw.fit).parameters) == names | {"model", "offline"}
+    # task="train" takes the training plan's arguments: each is one of these, declared once
+    assert {a.name for a in TRAIN_ARGUMENTS} <= names
+    assert not {a.name for a in TRAIN_ONLY} & {a.name for a in (*FIT_ARGUMENTS, *PLAN_ARGUMENTS)}
 
 
 def test_the_magic_and_the_cli_run_the_same_command_table() -> None:

@@ -205,7 +205,7 @@ def test_when_nothing_fits_a_target_more_of_its_cards_are_the_nearest_change(lla
         ({"accelerators_only": True, "device_map": "cpu"}, "puts layers off the accelerators"),
         ({"accelerators_only": True, "max_memory": {"cpu": "10GiB"}}, "names no accelerator"),
         ({"method": "lora"}, "is for task='train'"),
-        ({"task": "serve"}, "unknown task 'serve'; valid: infer"),
+        ({"task": "serve"}, "unknown task 'serve'; valid: infer, train"),
         ({"context": 0}, "context 0 is out of range"),
         ({"context": 10**9}, "out of range"),
         ({"batch": 0}, "batch 0 is out of range"),

@@ -7,7 +7,8 @@ control is searched, so the answer can change dtype, quantization, attention, ke
 from __future__ import annotations
 
 from nbhw.core.errors import UserError
-from nbhw.core.fit.solver import FitResult, fit
+from nbhw.core.fit.arguments import fit_args
+from nbhw.core.fit.solver import FitResult, fit_loading
 from nbhw.core.plan.load_form import CONTROLS, Form, form_words
 
 KEPT = ("context", "batch", "encoder_length", "max_memory")
@@ -19,7 +20,7 @@ def fit_form(form: Form) -> tuple[Form, FitResult]:
         raise UserError("model: give a Hub id like 'org/name' or the folder of a local model")
     values = form.plan_values()
     kept = {name: values[name] for name in KEPT if values.get(name) is not None}
-    result = fit(form.model.strip(), offline=form.offline, **kept)
+    result = fit_loading(form.model.strip(), fit_args(), kept, offline=form.offline)
     if result.plan is None:
         return form, result
     args = result.plan.args

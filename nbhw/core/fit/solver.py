@@ -21,8 +21,9 @@ from typing import Any
 from nbhw.core import argument, render
 from nbhw.core.cache import Recent
 from nbhw.core.errors import UserError
-from nbhw.core.fit.arguments import FIT_ARGUMENTS, FitArgs, fit_args
+from nbhw.core.fit.arguments import FIT_ARGUMENTS, TRAIN_ONLY, FitArgs, fit_args
 from nbhw.core.fit.options import WHERE, WHERE_OF_KIND, Option, memory_for, options
+from nbhw.core.fit.train_search import TrainFitResult, fit_training
 from nbhw.core.hardware.targets import MAX_COUNT, Target
 from nbhw.core.hf import meta_build
 from nbhw.core.plan.arguments import DISK, PLAN_ARGUMENTS, MemoryKey, plan_args
@@ -390,6 +391,8 @@ def _pinned(values: dict[str, Any]) -> dict[str, Any]:
     """The plan arguments given, checked (a UserError names the first mistake)."""
     declared = {a.name for a in PLAN_ARGUMENTS}
     unknown = [n for n in values if n not in declared]
+    if unknown and unknown[0] in {a.name for a in TRAIN_ONLY}:
+        raise UserError(f"{unknown[0]} is for task='train'; task='infer' takes: {', '.join(sorted(declared))}")
     if unknown:
         valid = ", ".join([*(a.name for a in FIT_ARGUMENTS), *declared])
         raise UserError(f"unknown argument {unknown[0]!r}; valid: {valid}")
@@ -407,20 +410,34 @@ def _conflicts(args: FitArgs, pinned: dict[str, Any]) -> None:
         raise UserError("accelerators_only=True but max_memory names no accelerator (only cpu / disk)")
 
 
-def fit(model: str | Path | None = None, *, offline: bool = False, **values: Any) -> FitResult:
+def fit(model: str | Path | None = None, *, offline: bool = False, **values: Any) -> FitResult | TrainFitResult:
     """The best from_pretrained call for ``model`` at ``context`` x ``batch`` on this machine (or the max_memory
     you name), by the documented order (:mod:`nbhw.core.fit.options`), and why every option ahead of it lost.
 
     Plan arguments you give (dtype, device_map, attn_implementation, quantization, use_kernels, max_memory) are
     kept; the rest are searched. Same words: ``%hw fit MODEL --context 32k --max-memory 0=24GiB 1=24GiB``.
 
+    ``task="train"`` searches fine-tuning instead (:mod:`nbhw.core.fit.train_search`): method, gradient
+    checkpointing, micro-batch and accumulation, the strategy across ``devices``; its memory is a ``target`` or
+    ``device_memory``. ``.plan`` is then a training plan.
+
     >>> r = nbhw.fit("meta-llama/Llama-3.1-70B", context=32768, max_memory={0: "24GiB", 1: "24GiB"})  # doctest: +SKIP
     >>> r.plan.code; r.rejected[0].reason                                                             # doctest: +SKIP
+    >>> nbhw.fit("meta-llama/Llama-3.1-8B", task="train", target="T4", context=2048).option.words()   # doctest: +SKIP
     """
-    started = time.perf_counter()
     own = {a.name for a in FIT_ARGUMENTS}
     args = fit_args(**{k: v for k, v in values.items() if k in own})
-    pinned = _pinned({k: v for k, v in values.items() if k not in own})
+    rest = {k: v for k, v in values.items() if k not in own}
+    if args.task == "train":
+        chosen = {"method": args.method} if args.method is not None else {}
+        return fit_training(model if model is None else str(model), args, {**rest, **chosen}, offline=offline)
+    return fit_loading(model, args, rest, offline=offline)
+
+
+def fit_loading(model: str | Path | None, args: FitArgs, values: dict[str, Any], *, offline: bool) -> FitResult:
+    """The search for task="infer": ``values`` are the plan arguments given (pinned)."""
+    started = time.perf_counter()
+    pinned = _pinned(values)
     _conflicts(args, pinned)
     base = plan(model, offline=offline, **pinned)  # the model, its config and the sizes, checked once
     if not base.config.available:
@@ -432,10 +449,11 @@ def fit(model: str | Path | None = None, *, offline: bool = False, **values: Any
                      seconds=time.perf_counter() - started)  # fmt: skip
 
 
-fit.__signature__ = argument.signature(fit, FIT_ARGUMENTS, PLAN_ARGUMENTS, keep=("model", "offline"))  # type: ignore[attr-defined]
+fit.__signature__ = argument.signature(fit, FIT_ARGUMENTS, PLAN_ARGUMENTS, TRAIN_ONLY, keep=("model", "offline"))  # type: ignore[attr-defined]
 
 
-def from_words(args: Any) -> FitResult:
+def from_words(args: Any) -> FitResult | TrainFitResult:
     """A fit from the parsed words of ``%hw fit`` / ``python -m nbhw fit`` (a switch left off is not pinned)."""
-    values = {**argument.given(args, FIT_ARGUMENTS), **argument.given(args, PLAN_ARGUMENTS)}
+    values = {name: value for group in (FIT_ARGUMENTS, PLAN_ARGUMENTS, TRAIN_ONLY)
+              for name, value in argument.given(args, group).items()}  # fmt: skip
     return fit(args.model, offline=args.offline, **{k: v for k, v in values.items() if v is not False})

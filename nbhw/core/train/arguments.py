@@ -9,6 +9,7 @@ value needs it (the optimizer names).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from dataclasses import dataclass
 from functools import lru_cache
@@ -16,6 +17,7 @@ from typing import Any
 
 from nbhw.core.argument import argument, arguments, checked
 from nbhw.core.errors import UserError, one_of
+from nbhw.core.hardware.targets import TARGET, target_of
 from nbhw.core.plan.arguments import size_bytes, tokens, word
 
 METHODS = ("full", "lora", "qlora")
@@ -213,6 +215,7 @@ class TrainArgs:
         default="auto", choices=DEVICE_TYPES, check=_choice("device_type", DEVICE_TYPES),
         help="the devices trained on: cuda or cpu (default: this machine's accelerator, else cpu)",
     )  # fmt: skip
+    target: str | None = argument(**TARGET)  # its device type, memory and count (devices) are the catalog's
 
     @property
     def alpha(self) -> int:
@@ -269,8 +272,29 @@ def _together(args: TrainArgs) -> None:
         raise UserError("tensor parallelism (tp_plan='auto') runs within one node; use fsdp2 or zero3 across nodes")
 
 
+TRAINED_ON = ("cuda",)  # the torch devices a catalog target may have to be trained on (NVIDIA and AMD GPUs)
+
+
+def _on_target(args: TrainArgs) -> TrainArgs:
+    """A catalog target sets the device type, the memory and the number of devices: not given beside it."""
+    target = target_of(args.target)
+    if target is None:
+        return args
+    given = [f"{name}={getattr(args, name)!r}" for name in ("device_memory", "device_type")
+             if getattr(args, name) not in (None, "auto")]  # fmt: skip
+    if args.devices not in (1, target.count):
+        given.append(f"devices={args.devices}")
+    if given:
+        raise UserError(f"target={args.target!r} sets the devices and their memory; drop {', '.join(given)} (or "
+                        "drop the target and give device_memory / devices)")  # fmt: skip
+    if target.accelerator.device not in TRAINED_ON:
+        raise UserError(f"training plans are for {', '.join(TRAINED_ON)} devices and the CPU; {target.text} is a "
+                        f"{target.accelerator.device} device")  # fmt: skip
+    return dataclasses.replace(args, devices=target.count)
+
+
 def train_args(**values: Any) -> TrainArgs:
     """Check every argument; the first mistake raises a one-line UserError naming the valid values."""
-    found: TrainArgs = checked(TrainArgs, values)
+    found: TrainArgs = _on_target(checked(TrainArgs, values))
     _together(found)
     return found

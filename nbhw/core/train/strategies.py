@@ -219,7 +219,8 @@ _STEPS: OrderedDict[tuple[Any, ...], StepMemory] = OrderedDict()
 
 def _step_key(args: TrainArgs) -> TrainArgs:
     """The arguments that change one rank's step (not the launch's topology, budget or strategy choice)."""
-    return dataclasses.replace(args, strategy="auto", offload=False, devices=1, nodes=1, device_memory=None)
+    topology = dataclasses.replace(args, strategy="auto", offload=False, devices=1, nodes=1)
+    return dataclasses.replace(topology, device_memory=None, target=None)
 
 
 def cached_dry_run(config: Any, args: TrainArgs, strategy: str = "single", world_size: int = 1) -> StepMemory:

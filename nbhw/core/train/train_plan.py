@@ -20,6 +20,7 @@ from nbhw.core.advice import precision
 from nbhw.core.errors import UserError
 from nbhw.core.hardware import backends
 from nbhw.core.hardware.data import DeviceInfo
+from nbhw.core.hardware.targets import target_of
 from nbhw.core.hf import meta_build, model_config
 from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.core.plan import run
@@ -52,6 +53,7 @@ class Device:
     total: int | None
     source: str
     info: DeviceInfo | None = None
+    backend: str | None = None  # transformers' device type when it is not device_type ('rocm' for AMD)
 
 
 def _this_machine() -> Device:
@@ -63,7 +65,13 @@ def _this_machine() -> Device:
     return Device("cpu", None, "this machine's CPU")
 
 
-def _device(args: TrainArgs) -> Device:
+def device_of(args: TrainArgs) -> Device:
+    """The devices trained on: a catalog target's, this machine's accelerator (else its CPU), device_memory."""
+    target = target_of(args.target)
+    if target is not None:
+        info = target.devices()[0]
+        return Device("cuda", info.total_memory, f"the {target.label}'s memory (nbhw's catalog)", info,
+                      target.device_type)  # fmt: skip
     here = _this_machine()
     kind = here.device_type if args.device_type == "auto" else args.device_type
     found = here if kind == here.device_type else Device(kind, None, f"{kind} (not this machine's)")
@@ -76,7 +84,8 @@ def _dtype(args: TrainArgs, device: Device) -> tuple[str, str]:
     """The dtype trained in, and why: the advisor's choice for the device unless given."""
     if args.dtype != "auto":
         return args.dtype, "as asked"
-    advice = precision.advise(device.device_type, device.device_type, device.info)
+    kind = device.backend or device.device_type
+    advice = precision.advise(kind, kind, device.info)
     if device.device_type == "cpu":
         if args.method == "qlora":
             return "bfloat16", "QLoRA computes in a half dtype; bfloat16 runs on CPUs"
@@ -239,7 +248,7 @@ def _reserve(device: Device) -> run.Reserve:
 def build_plan(name: str, asked: TrainArgs, *, offline: bool = False) -> TrainPlan:
     """The plan for ``asked`` (checked arguments) on the model ``name``."""
     config, source = _config(name, offline)
-    device = _device(asked)
+    device = device_of(asked)
     dtype, dtype_reason = _dtype(asked, device)
     strategy = "single" if asked.world_size == 1 and asked.strategy == "auto" else asked.strategy
     args = dataclasses.replace(asked, dtype=dtype, device_type=device.device_type, strategy=strategy)
@@ -249,7 +258,9 @@ def build_plan(name: str, asked: TrainArgs, *, offline: bool = False) -> TrainPl
     budget = None if device.total is None else device.total - reserve.bytes
     chosen, why = _recommend(rows, budget)
     args = dataclasses.replace(args, strategy=chosen.strategy, offload=chosen.offload)
-    return TrainPlan(name, asked, args, source, device, dtype_reason, reserve, rows, chosen, why, config)
+    target = target_of(asked.target)
+    notes = [target.not_here] if target is not None else []
+    return TrainPlan(name, asked, args, source, device, dtype_reason, reserve, rows, chosen, why, config, notes)
 
 
 def from_words(args: Any) -> TrainPlan:
@@ -269,9 +280,14 @@ def train_plan(model: str | Path | None = None, *, offline: bool = False, **argu
     >>> p = nbhw.train_plan("Qwen/Qwen3-0.6B", method="lora", batch=4, context=2048)   # doctest: +SKIP
     >>> p.verdict; p.max_batch; print(p.code); p.launch.command                          # doctest: +SKIP
     """
+    return build_plan(model_name(model), train_args(**arguments), offline=offline)
+
+
+def model_name(model: str | Path | None) -> str:
+    """The model as plans name it (nbhw's tiny local model when None); a path that is no model is a UserError."""
     name = str(tiny_model_path() if model is None else model)
     model_config.kind(name)
-    return build_plan(name, train_args(**arguments), offline=offline)
+    return name
 
 
 train_plan.__signature__ = argument.signature(  # type: ignore[attr-defined]
