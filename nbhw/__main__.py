@@ -20,7 +20,8 @@ from nbhw.core.hardware.detect import detect
 from nbhw.core.hardware.doctor import doctor
 from nbhw.core.hardware.report import report
 from nbhw.core.hardware.targets import targets
-from nbhw.core.plan.load_plan import from_words
+from nbhw.core.plan.load_plan import LoadPlan
+from nbhw.core.train.tasks import from_words as task_from_words
 
 
 def _printed(result: Any, args: argparse.Namespace) -> None:
@@ -71,7 +72,9 @@ def _targets(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace) -> int:
-    plan = from_words(args)
+    plan = task_from_words(args)  # a word the other task takes is a mistake here (exit 2)
+    if not isinstance(plan, LoadPlan):
+        return _trained(plan, args)
     if args.emit:
         print(plan.code, end="")
     else:
@@ -101,7 +104,10 @@ def _train(args: argparse.Namespace) -> int:
     """Exit 1 when the plan does not fit or does not run (a script can stop before training)."""
     from nbhw.core.train.train_plan import from_words  # lazy: torch and peft only for this command
 
-    plan = from_words(args)
+    return _trained(from_words(args), args)
+
+
+def _trained(plan: Any, args: argparse.Namespace) -> int:
     if args.emit:
         print(plan.code, end="")
     elif args.json:

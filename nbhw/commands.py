@@ -25,6 +25,8 @@ from nbhw.core.measured.arguments import PIN_ARGUMENTS
 from nbhw.core.memory.arguments import FREE_ARGUMENTS, HOLDERS_ARGUMENTS, MEMORY_ARGUMENTS
 from nbhw.core.plan.arguments import PLAN_ARGUMENTS
 from nbhw.core.train.arguments import TRAIN_ARGUMENTS
+from nbhw.core.train.tasks import TASK_ARGUMENTS
+from nbhw.core.train.tasks import TRAIN_ONLY as TASK_TRAIN_ONLY
 
 Surface = Literal["magic", "cli"]
 HELP_WIDTH = 100
@@ -70,8 +72,8 @@ COMMANDS = (
     Command(
         "load",
         "the from_pretrained cell for this hardware, its dry run, estimate and placement "
-        "(%hw: the panel's Load tab, pre-filled; --emit: the cell below)",
-        (MODEL, *PLAN_ARGUMENTS, OFFLINE, EMIT, JSON),
+        "(%hw: the panel's Load tab, pre-filled; --emit: the cell below; --task train: the training plan)",
+        (MODEL, *TASK_ARGUMENTS, *PLAN_ARGUMENTS, *TASK_TRAIN_ONLY, OFFLINE, EMIT, JSON),
         aliases=("plan",),
     ),
     Command(

@@ -117,7 +117,9 @@ class HwMagics(Magics):
     def _run_train(self, args: argparse.Namespace) -> None:
         from nbhw.core.train.train_plan import from_words  # lazy: see above
 
-        plan = from_words(args)  # a mistake in the words is a UsageError here
+        self._show_train(from_words(args), args)  # a mistake in the words is a UsageError here
+
+    def _show_train(self, plan: Any, args: argparse.Namespace) -> None:
         if args.emit:
             self.shell.set_next_input(plan.code, replace=False)
             display(plan)
@@ -138,10 +140,12 @@ class HwMagics(Magics):
         display(result)
 
     def _run_load(self, args: argparse.Namespace) -> None:
-        from nbhw.core.plan.load_plan import from_words  # lazy: see above
+        from nbhw.core.train.tasks import from_words  # lazy: see above
 
-        plan = from_words(args)  # a mistake in the words is a UsageError here, not a message in a panel
-        if args.emit:
+        plan: Any = from_words(args)  # a mistake in the words is a UsageError here, not a message in a panel
+        if args.task == "train":  # the training plan
+            self._show_train(plan, args)
+        elif args.emit:
             self.shell.set_next_input(plan.code, replace=False)
             display(plan.view(code=False))
         elif args.json:

@@ -25,7 +25,9 @@ from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.core.plan import codegen
 from nbhw.core.plan.arguments import PLAN_ARGUMENTS, PlanArgs
 from nbhw.core.plan.load_form import CONTROLS, OPTIONS
+from nbhw.core.train import tasks
 from nbhw.core.train.arguments import TRAIN_ARGUMENTS
+from nbhw.core.train.tasks import TASK_ARGUMENTS
 from nbhw.ui.load import LoadView
 from nbhw.ui.worker import Worker
 
@@ -64,14 +66,16 @@ def declared_words(arguments: tuple[Argument, ...]) -> set[str]:
 @pytest.mark.parametrize("surface", ["magic", "cli"])
 def test_the_load_words_are_exactly_the_declared_arguments(surface: commands.Surface) -> None:
     words = options_of(commands.parser(surface), "load")
-    expected = declared_words(PLAN_ARGUMENTS) | {"model", "--offline", "--emit", "--json"}
+    groups = (TASK_ARGUMENTS, PLAN_ARGUMENTS, tasks.TRAIN_ONLY)  # --task train: the training plan's words too
+    expected = set().union(*map(declared_words, groups)) | {"model", "--offline", "--emit", "--json"}
     assert set(words) == expected, set(words) ^ expected
-    for a in PLAN_ARGUMENTS:  # each word lands on the argument's own keyword
+    for a in (a for g in groups for a in g):  # each word lands on the argument's own keyword
         assert {words[w].dest for w in a.options} == {a.name}, a.name
 
 
 def test_every_argument_is_a_keyword_of_plan_panel_and_to_dict() -> None:
-    assert set(inspect.signature(nbhw.plan).parameters) == PLAN_NAMES | {"model", "offline"}
+    train_only = {a.name for a in tasks.TRAIN_ONLY}
+    assert set(inspect.signature(nbhw.plan).parameters) == PLAN_NAMES | train_only | {"task", "model", "offline"}
     panel_keywords = set(inspect.signature(nbhw.panel).parameters) - {"model", "offline", "tab", "interval", "window"}
     assert panel_keywords == set(CONTROLS) == {a.name for a in PLAN_ARGUMENTS if a.control}
     # (target and max_memory both set the budget, so one plan can't take both)

@@ -26,7 +26,7 @@ LAZY = {
     ("nbhw/magics.py", "from nbhw.core.hardware.detect import detect"),
     ("nbhw/magics.py", "from nbhw.core.hardware.report import report"),
     ("nbhw/magics.py", "from nbhw.core.advice.attention import advise"),
-    ("nbhw/magics.py", "from nbhw.core.plan.load_plan import from_words"),
+    ("nbhw/magics.py", "from nbhw.core.train.tasks import from_words"),
     ("nbhw/magics.py", "from nbhw.core.hardware.doctor import doctor"),
     ("nbhw/magics.py", "from nbhw.core.advice import quantization"),
     ("nbhw/magics.py", "from nbhw.core.hardware.targets import targets"),

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from IPython.core.error import UsageError
 
+import nbhw
 from nbhw.__main__ import main
 from nbhw.core.errors import UserError
 from nbhw.core.train import launch as L
@@ -446,3 +447,34 @@ def test_every_declared_argument_is_a_keyword_and_an_option() -> None:
     declared = commands.BY_NAME["train"].arguments
     for a in TRAIN_ARGUMENTS:
         assert a.name in keywords and a in declared
+
+
+def test_plan_with_task_train_is_the_training_plan_in_every_surface(
+    ip: Any, tiny: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    words: dict[str, Any] = {"method": "lora", "context": 32, "device_type": "cpu", "device_memory": "8GiB"}
+    planned = nbhw.plan(tiny, task="train", **words)
+    mine, its = planned.to_dict(), train_plan(tiny, **words).to_dict()
+    for data in (mine, its):
+        for row in data["strategies"]:
+            row.pop("seconds", None)  # how long each dry run took
+    assert mine == its
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"task": "train", "device_map": "auto"}, "device_map is for task='infer'; task='train' takes: batch, "),
+        ({"devices": 2}, "devices is for task='train'; task='infer' takes: attn_implementation, "),
+        ({"task": "serve"}, "unknown task 'serve'; valid: infer, train"),
+    ]
+    for values, message in cases:
+        with pytest.raises(UserError, match=message):
+            nbhw.plan(tiny, **values)
+    line = f"load {tiny} --task train --method lora --context 32 --device-type cpu --device-memory 8GiB"
+    ip.run_line_magic("load_ext", "nbhw")
+    ip.run_line_magic("hw", line + " --emit")
+    assert "get_peft_model" in ip.rl_next_input and "trainer.train()" in ip.rl_next_input
+    with pytest.raises(UsageError, match="device_map is for task='infer'"):
+        ip.run_line_magic("hw", f"load {tiny} --task train --device-map auto")
+    capsys.readouterr()
+    assert main([*line.split(), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"] == planned.verdict
+    assert main(["load", str(tiny), "--devices", "2"]) == 2
+    assert "devices is for task='train'" in capsys.readouterr().err

@@ -13,17 +13,9 @@ from typing import Any
 
 from nbhw.core.argument import argument, arguments, checked
 from nbhw.core.errors import UserError, one_of
-from nbhw.core.plan.arguments import PLAN_ARGUMENTS
-from nbhw.core.train.arguments import METHODS, TRAIN_ARGUMENTS
-
-TASKS = ("infer", "train")
-
-
-def check_task(value: Any) -> str:
-    """What the plan is for: generating ("infer") or fine-tuning ("train")."""
-    if value in TASKS:
-        return str(value)
-    raise one_of("task", value, TASKS)
+from nbhw.core.train import tasks
+from nbhw.core.train.arguments import METHODS
+from nbhw.core.train.tasks import TASK
 
 
 def check_method(value: Any) -> str | None:
@@ -38,9 +30,8 @@ class FitArgs:
     """What the search is for and how far it may go. Each field declares one argument."""
 
     task: str = argument(
-        default="infer", choices=TASKS, check=check_task,
-        help="what must fit: infer (from_pretrained and generate at --context) or train (a fine-tuning step)",
-    )  # fmt: skip
+        **TASK, help="what must fit: infer (from_pretrained and generate at --context) or train (a fine-tuning step)"
+    )
     method: str | None = argument(
         choices=METHODS, check=check_method, help="task=train: full, lora or qlora (default: each, in that order)"
     )
@@ -52,7 +43,7 @@ class FitArgs:
 
 FIT_ARGUMENTS = arguments(FitArgs)
 # The training plan's arguments that neither fit nor a load plan declares (task="train" only): devices, strategy, ...
-TRAIN_ONLY = tuple(a for a in TRAIN_ARGUMENTS if a.name not in {b.name for b in (*FIT_ARGUMENTS, *PLAN_ARGUMENTS)})
+TRAIN_ONLY = tuple(a for a in tasks.TRAIN_ONLY if a.name not in {b.name for b in FIT_ARGUMENTS})
 
 
 def fit_args(**values: Any) -> FitArgs:

@@ -30,6 +30,7 @@ from nbhw.core.plan.arguments import DISK, PLAN_ARGUMENTS, MemoryKey, plan_args
 from nbhw.core.plan.load_plan import LoadPlan, plan
 from nbhw.core.plan.placement import is_accelerator
 from nbhw.core.render import Shown
+from nbhw.core.train.tasks import check_names
 
 PLAN_CACHE_SIZE = 4096
 SHOWN_REJECTED = 12  # the text and HTML list the first ones (a run's reason may search the longest context)
@@ -391,8 +392,7 @@ def _pinned(values: dict[str, Any]) -> dict[str, Any]:
     """The plan arguments given, checked (a UserError names the first mistake)."""
     declared = {a.name for a in PLAN_ARGUMENTS}
     unknown = [n for n in values if n not in declared]
-    if unknown and unknown[0] in {a.name for a in TRAIN_ONLY}:
-        raise UserError(f"{unknown[0]} is for task='train'; task='infer' takes: {', '.join(sorted(declared))}")
+    check_names("infer", unknown)
     if unknown:
         valid = ", ".join([*(a.name for a in FIT_ARGUMENTS), *declared])
         raise UserError(f"unknown argument {unknown[0]!r}; valid: {valid}")

@@ -27,13 +27,13 @@ from nbhw.core import argument, render
 from nbhw.core.errors import UserError
 from nbhw.core.hardware.targets import MAX_COUNT, Target, target_of
 from nbhw.core.render import Shown
-from nbhw.core.train.arguments import METHODS, TRAIN_ARGUMENTS, train_args
+from nbhw.core.train.arguments import METHODS, train_args
+from nbhw.core.train.tasks import check_names
 from nbhw.core.train.train_plan import TrainPlan, device_of, model_name, train_plan
 
 CHECKPOINTING = (False, True)
 MOST_DEVICES = 8  # when nothing fits: devices like this one, doubling up to one node of this many, are tried
 SHOWN_REJECTED = 24  # a training search has a few dozen options at most: most are shown
-TRAIN_NAMES = frozenset(a.name for a in TRAIN_ARGUMENTS)
 
 
 @dataclass(frozen=True)
@@ -302,9 +302,7 @@ def fit_training(model: str | None, args: Any, pinned: dict[str, Any], *, offlin
     """The first training option that fits by the documented order (``pinned``: the training arguments you gave;
     ``args``: fit's own)."""
     started = time.perf_counter()
-    unknown = [name for name in pinned if name not in TRAIN_NAMES]
-    if unknown:
-        raise UserError(f"{unknown[0]} is for task='infer'; task='train' takes: {', '.join(sorted(TRAIN_NAMES))}")
+    check_names("train", pinned)
     checked = train_args(**pinned)  # every mistake up front, before a dry run
     pinned = {name: getattr(checked, name) for name in pinned}
     device = device_of(checked)
