@@ -6,7 +6,8 @@ through the same ``__init__``, so a silent fallback it foresaw is no difference)
 float32, the device of every device_map entry, the weights' bytes per device, the quantization and use_kernels.
 Peaks are measurements against estimates and are always shown: the loading cell's peak against the plan's load
 peak, and each generate cell's against the plan's run peak at the size that cell really ran (sequences x tokens,
-read from what generate() returned; a dry run at that size), and against the pinned run's peaks.
+read from what generate() returned; a dry run at that size), and against the pinned run's peaks. The cell that ran a
+training plan's notebook cell: its peak against that plan's step peak.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from nbhw.core.measured.origins import Origin, Run
 from nbhw.core.memory.cell_records import CellMemory, CellRecord
 from nbhw.core.plan.load_plan import LoadPlan
 from nbhw.core.plan.pinned import Pin, device_key, installed_versions, planned_bytes, signed
+from nbhw.core.train.train_plan import TrainPlan
 
 DEFAULT_ATTENTION = "sdpa"
 # Plans at the sizes cells really ran (their dry runs are what is slow), by (the plan's id, batch, context).
@@ -283,6 +285,23 @@ def _generate_peaks(plan: LoadPlan, loaded: LoadedModel, run: Run, interval: flo
                              _measured_by(memory, interval) + ", plus the weights held before",
                              planned, "the plan's run peak"))  # fmt: skip
     return out
+
+
+def training_peaks(plan: TrainPlan, origin: Origin, interval: float | None = None) -> list[PeakCheck]:
+    """The cell that ran a training plan's notebook cell (loading and training): its measured peak on the device
+    trained on against the plan's step peak of one rank (the plan's reserve left out: the process was running)."""
+    record = origin.record
+    if record is None:
+        return []
+    a = plan.args
+    trained_on = "host" if plan.device.device_type == "cpu" else f"{plan.device.device_type}:0"
+    what = f"loading and training ({a.method}) at {a.batch} x {a.context:,} tokens"
+    planned, planned_as = plan.recommended.device_bytes, "the training plan's step peak (its reserve left out)"
+    return [
+        PeakCheck(record.execution_count, what, m.device, m.used, _measured_by(m, interval), planned, planned_as)
+        for m in record.memory.values()
+        if m.device == trained_on
+    ]
 
 
 def _against_pin(pin: Pin, loaded: LoadedModel, peaks: list[PeakCheck]) -> list[str]:

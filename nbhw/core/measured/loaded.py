@@ -42,7 +42,8 @@ def is_model(value: object) -> bool:
 
 def models_in(namespace: Mapping[str, Any]) -> dict[str, Any]:
     """Variable -> model for every transformers model a namespace holds, each once: its own names first, then the
-    ``.model`` of a pipeline or a Trainer held there ("pipe.model")."""
+    ``.model`` of a pipeline or a Trainer held there ("pipe.model"), and the model a peft model wraps
+    ("model.get_base_model()")."""
     base = transformers_model_class()
     if base is None:
         return {}
@@ -59,17 +60,30 @@ def models_in(namespace: Mapping[str, Any]) -> dict[str, Any]:
         elif _holds_model(value):
             holders.append((name, value))
     for name, value in holders:
-        inner = getattr(value, "model", None)
+        inner, path = _held(value)
         if isinstance(inner, base) and id(inner) not in seen:
-            found[f"{name}.model"] = inner
+            found[f"{name}.{path}"] = inner
             seen.add(id(inner))
     return found
+
+
+def _held(value: Any) -> tuple[Any, str]:
+    """The transformers model a holder keeps, and how it is reached from it."""
+    if _is_peft(value):
+        return value.get_base_model(), "get_base_model()"
+    return getattr(value, "model", None), "model"
+
+
+def _is_peft(value: object) -> bool:
+    return type(value).__module__.startswith("peft.") and callable(getattr(type(value), "get_base_model", None))
 
 
 def _holds_model(value: object) -> bool:
     # Only the classes users keep a model in (a pipeline, a Trainer, trl's trainers): no attribute of any other
     # object is read, so no property or __getattr__ of the user's objects runs.
     cls = type(value)
+    if _is_peft(value):  # peft's PeftModel around the transformers model (LoRA, QLoRA)
+        return True
     return cls.__name__.endswith(("Pipeline", "Trainer")) and cls.__module__.startswith(("transformers.", "trl."))
 
 

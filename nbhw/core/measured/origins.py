@@ -5,6 +5,7 @@ the namespace are tied to that cell (weakly: a deleted model is forgotten), to i
 whose cell it ran (nbhw's plans remember the code they wrote; a cell runs a plan when it holds every statement of
 that code up to the ``from_pretrained`` call, whatever its formatting, comments or the lines after). A later cell
 calling ``NAME.generate(...)`` is a run of that model; its size (sequences x tokens) is read from what it assigned.
+A cell that ran a training plan's notebook cell (same rule) is tied to that training plan.
 Nothing here is run from the cell: its source is only parsed.
 """
 
@@ -20,6 +21,8 @@ from typing import Any
 from nbhw.core.measured.loaded import UNKNOWN, models_in
 from nbhw.core.memory.cell_records import CellRecord
 from nbhw.core.plan.load_plan import LoadPlan, written_plans
+from nbhw.core.train.train_plan import TrainPlan
+from nbhw.core.train.train_plan import written_plans as written_training
 
 MOST_RUNS = 20  # generate cells remembered per model
 
@@ -47,6 +50,7 @@ class Origin:
     arguments: dict[str, str]  # the from_pretrained keywords of the cell, as written
     generated: Run | None = None  # the loading cell generated too (the emitted cell does)
     runs: list[Run] = field(default_factory=list)
+    training: TrainPlan | None = None  # the training plan whose cell loaded (and trained) it
 
 
 _origins: weakref.WeakKeyDictionary[Any, Origin] = weakref.WeakKeyDictionary()
@@ -113,6 +117,16 @@ def ran_plan(source: str, tree: ast.Module | None = None) -> LoadPlan | None:
         return None
     held = set(_dumps(tree.body))
     for plan in written_plans():
+        wanted = plan_statements(plan.code)
+        if wanted and all(s in held for s in wanted):
+            return plan
+    return None
+
+
+def ran_training(tree: ast.Module) -> TrainPlan | None:
+    """The newest training plan whose notebook cell this cell ran (the same rule as :func:`ran_plan`)."""
+    held = set(_dumps(tree.body))
+    for plan in written_training():
         wanted = plan_statements(plan.code)
         if wanted and all(s in held for s in wanted):
             return plan
@@ -239,6 +253,9 @@ def _new_origin(variable: str, namespace: Mapping[str, Any], source: str, tree: 
     if tree is None:
         return Origin(variable, count, first, record, None, UNKNOWN, {})
     asked, written = loading_keywords(tree, variable)
+    if not written and "." in variable:  # a model a holder keeps: the call that made the holder's own variable
+        asked, written = loading_keywords(tree, variable.split(".", maxsplit=1)[0])
     plan = ran_plan(source, tree) if written or asked != UNKNOWN else None
     generated = _run(tree, variable, namespace, count, record)
-    return Origin(variable, count, first, record, plan, asked, written, generated)
+    training = ran_training(tree) if plan is None and "from_pretrained" in source else None
+    return Origin(variable, count, first, record, plan, asked, written, generated, training=training)

@@ -11,7 +11,7 @@ from typing import Any
 from nbhw.core import render
 from nbhw.core.argument import to_dict
 from nbhw.core.errors import UserError
-from nbhw.core.measured.against_plan import Comparison, compare, exceptions
+from nbhw.core.measured.against_plan import Comparison, PeakCheck, compare, exceptions, training_peaks
 from nbhw.core.measured.loaded import UNKNOWN, LoadedModel, inspect, is_model, models_in, rows
 from nbhw.core.measured.origins import Origin, origin, origins
 from nbhw.core.measured.origins import version as origins_version
@@ -25,12 +25,18 @@ class Entry:
     loaded: LoadedModel
     origin: Origin | None
     comparison: Comparison | None
+    training: tuple[PeakCheck, ...] = ()  # the training plan's cell: its peak against the plan's step peak
+
+    @property
+    def planned(self) -> bool:
+        """Whether a plan of nbhw's wrote the cell that loaded the model (a load plan or a training plan)."""
+        return self.comparison is not None or (self.origin is not None and self.origin.training is not None)
 
     def lines(self) -> list[str]:
         """The comparison as lines (nothing without a plan)."""
         c = self.comparison
         if c is None:
-            return []
+            return [p.words for p in self.training]
         out = [d.words for d in c.differences] or ["as planned: attention, dtype, float32 modules, device_map, "
                                                    "bytes per device, quantization and use_kernels"]  # fmt: skip
         return out + [p.words for p in c.peaks] + list(c.pinned)
@@ -41,7 +47,11 @@ class Entry:
             **self.loaded.to_dict(),
             "loaded_by_cell": None if o is None else o.execution_count,
             "plan": None if self.comparison is None else self.comparison.to_dict(),
-        }
+            "training_plan": None if o is None or o.training is None else {
+                "model": o.training.model, "verdict": o.training.verdict, "code": o.training.code,
+                "peaks": [p.to_dict() for p in self.training],
+            },
+        }  # fmt: skip
 
 
 def entry(model: Any, variable: str, interval: float | None = None) -> Entry:
@@ -52,7 +62,8 @@ def entry(model: Any, variable: str, interval: float | None = None) -> Entry:
     comparison = None
     if found is not None and found.plan is not None:
         comparison = compare(found.plan, loaded, exceptions(model), found, interval)
-    return Entry(loaded, found, comparison)
+    training = training_peaks(found.training, found, interval) if found and found.training else []
+    return Entry(loaded, found, comparison, tuple(training))
 
 
 class Loaded(render.Shown):
@@ -77,7 +88,9 @@ class Loaded(render.Shown):
         o = e.origin
         if o is None:
             return "a cell nbhw did not record (load nbhw before loading the model)"
-        plan = "the cell nbhw's plan wrote" if o.plan is not None else "not a cell nbhw's plan wrote"
+        plan = "not a cell nbhw's plan wrote"
+        if o.plan is not None or o.training is not None:
+            plan = f"the cell nbhw's {'plan' if o.plan is not None else 'training plan'} wrote"
         return f"cell [{o.execution_count}]: {o.first_line} ({plan})"
 
     def text(self) -> str:
@@ -88,7 +101,7 @@ class Loaded(render.Shown):
             facts = [*rows(e.loaded), ("loaded by", self._origin_words(e))]
             width = max(len(k) for k, _ in facts)
             out += [e.loaded.variable, *(f"  {k.ljust(width)}  {v}" for k, v in facts)]
-            if e.comparison is not None:
+            if e.planned:
                 out += ["  plan beside it:", *(f"    - {line}" for line in e.lines())]
             out.append("")
         return "\n".join(out).rstrip() + "\n"
@@ -101,7 +114,7 @@ class Loaded(render.Shown):
         for e in self.entries:
             facts = [[k, v] for k, v in rows(e.loaded)] + [["loaded by", self._origin_words(e)]]
             parts.append(f"<p><b>{esc(e.loaded.variable)}</b></p>" + render.html_table(("", ""), facts))
-            if e.comparison is not None:
+            if e.planned:
                 items = "".join(f"<li>{esc(line)}</li>" for line in e.lines())
                 parts.append(f"<p>plan beside it:</p><ul class='nbhw-loaded-plan'>{items}</ul>")
         return "".join(parts) + "</div>"
@@ -131,16 +144,21 @@ def _cell_line(e: Entry, o: Origin) -> str:
     line += f"attention {e.loaded.main_attention}"
     if e.loaded.silent_fallback and o.asked_attention is None:
         line += " (silent fallback from sdpa)"
+    if e.training:
+        return line + "; trained: " + _peak_words(e.training[0])
     if e.comparison is None:
-        return line + ("" if o.plan is not None else "; not a cell nbhw's plan wrote")
+        return line + ("" if o.plan is not None or o.training is not None else "; not a cell nbhw's plan wrote")
     diffs = len(e.comparison.differences)
     line += "; as planned" if not diffs else f"; {diffs} difference{'s' if diffs > 1 else ''} from the plan"
     first = [p for p in e.comparison.peaks if p.cell == o.execution_count]
     if first:
-        p = first[0]
-        pct = "" if p.percent is None else f" ({p.percent:+.0f} %)"
-        line += f"; peak {render.size(p.measured)} vs planned {render.size(p.planned)}{pct}"
+        line += "; " + _peak_words(first[0])
     return line
+
+
+def _peak_words(p: PeakCheck) -> str:
+    pct = "" if p.percent is None else f" ({p.percent:+.0f} %)"
+    return f"peak {render.size(p.measured)} vs planned {render.size(p.planned)}{pct}"
 
 
 # The lines as of the last cell that changed an origin, computed on the main thread after that cell (the memory

@@ -17,6 +17,7 @@ from typing import Any
 
 from nbhw.core import argument, render
 from nbhw.core.advice import precision
+from nbhw.core.cache import Recent
 from nbhw.core.errors import UserError
 from nbhw.core.hardware import backends
 from nbhw.core.hardware.data import DeviceInfo
@@ -43,6 +44,13 @@ PREFERENCE: tuple[tuple[str, bool], ...] = (
     ("zero2", True),
 )
 MOST_BATCH = 4096  # the batch search's ceiling
+WRITTEN_PLANS = 32  # training cells remembered, so the cell that ran one is matched to its plan
+_WRITTEN: Recent[TrainPlan] = Recent(WRITTEN_PLANS)
+
+
+def written_plans() -> list[TrainPlan]:
+    """The training plans whose notebook cell nbhw wrote in this process, newest first."""
+    return list(reversed(_WRITTEN.values()))
 
 
 @dataclass
@@ -166,7 +174,9 @@ class TrainPlan(Shown):
     def code(self) -> str:
         """The notebook cell for one device, or the training script for several."""
         if self.args.world_size == 1:
-            return launch.training_cell(self.model, self._launch_args())
+            code = launch.training_cell(self.model, self._launch_args())
+            _WRITTEN.put(code, self)  # after the cell runs, nbhw.loaded() finds the plan that wrote it
+            return code
         return self.launch.script
 
     def to_dict(self) -> dict[str, Any]:
