@@ -478,3 +478,28 @@ def test_plan_with_task_train_is_the_training_plan_in_every_surface(
     assert json.loads(capsys.readouterr().out)["verdict"] == planned.verdict
     assert main(["load", str(tiny), "--devices", "2"]) == 2
     assert "devices is for task='train'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_fp16_plans_give_weights_torchs_grad_scaler_can_unscale(tiny: Path, method: str) -> None:
+    # A T4 trains in fp16 (no bf16 before Ampere). TrainingArguments(fp16=True) steps through torch's GradScaler,
+    # which refuses float16 gradients: full fine-tuning must load float32 weights; LoRA's adapters are float32.
+    import peft
+    import torch
+    import transformers as tf
+
+    plan = train_plan(tiny, method=method, target="T4", context=16)
+    assert "fp16=True" in plan.code and f"dtype=torch.{plan.args.dtype}" in plan.code
+    assert plan.args.dtype == ("float32" if method == "full" else "float16")
+    model = tf.AutoModelForCausalLM.from_pretrained(tiny, dtype=getattr(torch, plan.args.dtype))
+    if method == "lora":
+        model = peft.get_peft_model(model, peft.LoraConfig(r=4, task_type="CAUSAL_LM"))
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer, scaler = torch.optim.AdamW(trained), torch.amp.GradScaler("cpu")
+    ids = torch.randint(3, 100, (2, 16))
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = model(input_ids=ids, labels=ids).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)  # ValueError("Attempting to unscale FP16 gradients.") on float16 weights
+    scaler.step(optimizer)
+    assert torch.isfinite(loss)

@@ -216,6 +216,8 @@ class TrainArgs:
         help="the devices trained on: cuda or cpu (default: this machine's accelerator, else cpu)",
     )  # fmt: skip
     target: str | None = argument(**TARGET)  # its device type, memory and count (devices) are the catalog's
+    # Resolved by the plan, not an argument: fp16 autocast over float32 weights (full fine-tuning in fp16).
+    mixed_precision: str | None = None
 
     @property
     def alpha(self) -> int:

@@ -81,7 +81,11 @@ def deepspeed_config(args: TrainArgs) -> dict[str, Any]:
 
 
 def _precision_flag(args: TrainArgs) -> str | None:
-    if args.device_type == "cpu" or args.dtype == "float32":
+    if args.device_type == "cpu":
+        return None
+    if args.mixed_precision is not None:
+        return args.mixed_precision
+    if args.dtype == "float32":
         return None
     return "bf16" if args.dtype == "bfloat16" else "fp16"
 

@@ -44,6 +44,11 @@ PREFERENCE: tuple[tuple[str, bool], ...] = (
     ("zero2", True),
 )
 MOST_BATCH = 4096  # the batch search's ceiling
+FP16_MASTER_WEIGHTS = (
+    "full fine-tuning keeps float32 weights under fp16 autocast: torch's GradScaler refuses float16 gradients "
+    "('Attempting to unscale FP16 gradients'); the dry run computes in float32 (meta has no autocast), so the "
+    "activations are counted at float32, an upper bound"
+)
 WRITTEN_PLANS = 32  # training cells remembered, so the cell that ran one is matched to its plan
 _WRITTEN: Recent[TrainPlan] = Recent(WRITTEN_PLANS)
 
@@ -260,8 +265,12 @@ def build_plan(name: str, asked: TrainArgs, *, offline: bool = False) -> TrainPl
     config, source = _config(name, offline)
     device = device_of(asked)
     dtype, dtype_reason = _dtype(asked, device)
+    mixed = None
+    if asked.method == "full" and dtype == "float16" and device.device_type != "cpu":
+        dtype, mixed, dtype_reason = "float32", "fp16", f"{dtype_reason}; {FP16_MASTER_WEIGHTS}"
     strategy = "single" if asked.world_size == 1 and asked.strategy == "auto" else asked.strategy
-    args = dataclasses.replace(asked, dtype=dtype, device_type=device.device_type, strategy=strategy)
+    args = dataclasses.replace(asked, dtype=dtype, device_type=device.device_type, strategy=strategy,
+                               mixed_precision=mixed)  # fmt: skip
     reserve = _reserve(device)
     with meta_build.quiet():
         rows = _rows(config, args)
