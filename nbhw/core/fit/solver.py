@@ -23,13 +23,13 @@ from nbhw.core.cache import Recent
 from nbhw.core.errors import UserError
 from nbhw.core.fit.arguments import FIT_ARGUMENTS, TRAIN_ONLY, FitArgs, fit_args
 from nbhw.core.fit.options import WHERE, WHERE_OF_KIND, Option, memory_for, options
+from nbhw.core.fit.result import SearchResult
 from nbhw.core.fit.train_search import TrainFitResult, fit_training
 from nbhw.core.hardware.targets import MAX_COUNT, Target
 from nbhw.core.hf import meta_build
 from nbhw.core.plan.arguments import DISK, PLAN_ARGUMENTS, MemoryKey, plan_args
 from nbhw.core.plan.load_plan import LoadPlan, plan
 from nbhw.core.plan.placement import is_accelerator
-from nbhw.core.render import Shown
 from nbhw.core.train.tasks import check_names
 
 PLAN_CACHE_SIZE = 4096
@@ -286,36 +286,9 @@ def nearest(search: Search, args: FitArgs) -> list[Change]:
 # ---------------------------------------------------------------- the result
 
 
-class FitResult(Shown):
+class FitResult(SearchResult):
     """The answer of ``nbhw.fit()``: ``.plan`` (a LoadPlan, None when nothing fits), ``.code``, ``.rejected``
     (every option ranked ahead of the answer, with its plan's reason) and ``.nearest`` (when nothing fits)."""
-
-    def __init__(self, model: str, args: FitArgs, search: Search, answer: Judged | None, *,
-                 rejected: list[Rejected], nearest: list[Change], seconds: float) -> None:  # fmt: skip
-        self.model = model
-        self.args = args
-        self.search = search
-        self.answer = answer
-        self.rejected = rejected
-        self.nearest = nearest
-        self.seconds = seconds
-
-    @property
-    def plan(self) -> LoadPlan | None:
-        return None if self.answer is None else self.answer.plan
-
-    @property
-    def option(self) -> Option | None:
-        return None if self.answer is None else self.answer.option
-
-    @property
-    def code(self) -> str | None:
-        return None if self.plan is None else self.plan.code
-
-    @property
-    def planned(self) -> int:
-        """How many options were planned (the rest of the space was never needed)."""
-        return len(self.search.judged)
 
     def headline(self) -> str:
         if self.answer is None:
@@ -340,8 +313,7 @@ class FitResult(Shown):
         return groups, seen
 
     def text(self) -> str:
-        lines = [self.headline(), f"  planned {self.planned} of {len(self.search.options)} options in "
-                 f"{self.seconds:.2f} s", ""]  # fmt: skip
+        lines = self.head()
         if self.code:
             lines += ["Code", *("    " + line if line else "" for line in self.code.splitlines()), ""]
         if self.rejected:

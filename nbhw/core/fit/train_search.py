@@ -25,8 +25,8 @@ from typing import Any
 
 from nbhw.core import argument, render
 from nbhw.core.errors import UserError
+from nbhw.core.fit.result import SearchResult
 from nbhw.core.hardware.targets import MAX_COUNT, Target, target_of
-from nbhw.core.render import Shown
 from nbhw.core.train.arguments import METHODS, train_args
 from nbhw.core.train.tasks import check_names
 from nbhw.core.train.train_plan import TrainPlan, device_of, model_name, train_plan
@@ -206,35 +206,9 @@ def nearest(search: TrainSearch, rejected: list[TrainJudged]) -> list[TrainChang
 # ---------------------------------------------------------------- the result
 
 
-class TrainFitResult(Shown):
+class TrainFitResult(SearchResult):
     """The answer of ``nbhw.fit(task="train")``: ``.plan`` (a TrainPlan, None when nothing fits), ``.code``,
     ``.rejected`` (every option ranked ahead of it, with its plan's reason) and ``.nearest``."""
-
-    def __init__(self, model: str, args: Any, search: TrainSearch, answer: TrainJudged | None, *,
-                 rejected: list[TrainJudged], nearest: list[TrainChange], seconds: float) -> None:  # fmt: skip
-        self.model = model
-        self.args = args
-        self.search = search
-        self.answer = answer
-        self.rejected = rejected
-        self.nearest = nearest
-        self.seconds = seconds
-
-    @property
-    def plan(self) -> TrainPlan | None:
-        return None if self.answer is None else self.answer.plan
-
-    @property
-    def option(self) -> TrainOption | None:
-        return None if self.answer is None else self.answer.option
-
-    @property
-    def code(self) -> str | None:
-        return None if self.plan is None else self.plan.code
-
-    @property
-    def planned(self) -> int:
-        return len(self.search.judged)
 
     def headline(self) -> str:
         if self.answer is None or self.plan is None:
@@ -252,8 +226,7 @@ class TrainFitResult(Shown):
         return lines
 
     def text(self) -> str:
-        lines = [self.headline(), f"  planned {self.planned} of {len(self.search.options)} options in "
-                 f"{self.seconds:.2f} s", ""]  # fmt: skip
+        lines = self.head()
         if self.plan is not None:
             target = target_of(self.plan.asked.target)
             if target is not None:
