@@ -23,7 +23,8 @@ from nbhw.ui.worker import LOCK, Worker, locked, unexpected
 
 DEBOUNCE = 0.02  # as the Load tab's: a change of a control is one message
 DEFAULT = ""  # the dropdown value of None: ipywidgets reads a None value as "nothing selected"
-LABEL_WIDTH = "190px"
+LABEL_WIDTH = "220px"  # the longest name, gradient_accumulation_steps, whole
+WIDTH = "500px"
 PLANNING = "<span class='nbhw-note'>planning the training step…</span>"
 MARKS = {True: "✓", False: "✗", None: "?"}
 
@@ -139,17 +140,18 @@ class TrainView:
     def _input(self, declared: Argument, word: Any) -> Any:
         label = {"description_width": LABEL_WIDTH}
         if declared.control == "checkbox":
-            return _control("Checkbox")(value=bool(word), description=declared.name, style=label)
+            return _control("Checkbox")(value=bool(word), description=declared.name, style=label,
+                                        layout=ipywidgets.Layout(width=WIDTH))  # fmt: skip
         if declared.control == "dropdown":
             pairs = [(o.label, DEFAULT if o.value is None else o.value) for o in train_form.options(declared.name)]
             value = DEFAULT if word is None else str(word)
             if value not in [v for _, v in pairs]:
                 pairs.append((f"{value} (given)", value))
             return _control("Dropdown")(options=pairs, value=value, description=declared.name, style=label,
-                                        layout=ipywidgets.Layout(width="480px"))  # fmt: skip
+                                        layout=ipywidgets.Layout(width=WIDTH))  # fmt: skip
         return _control("Text")(
             value="" if word is None else str(word), description=declared.name, continuous_update=False,
-            placeholder=declared.metavar or "", style=label, layout=ipywidgets.Layout(width="480px"),
+            placeholder=declared.metavar or "", style=label, layout=ipywidgets.Layout(width=WIDTH),
         )  # fmt: skip
 
     def control(self, name: str) -> Any:
