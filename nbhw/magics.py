@@ -21,6 +21,7 @@ from nbhw.core.measured.arguments import PIN_ARGUMENTS
 from nbhw.core.memory.arguments import FREE_ARGUMENTS, HOLDERS_ARGUMENTS, MEMORY_ARGUMENTS
 from nbhw.core.memory.out_of_memory import is_out_of_memory
 from nbhw.core.plan.arguments import PLAN_ARGUMENTS
+from nbhw.core.train.arguments import TRAIN_ARGUMENTS
 
 
 def in_kernel(shell: Any) -> bool:
@@ -143,25 +144,39 @@ class HwMagics(Magics):
         from nbhw.core.train.tasks import from_words  # lazy: see above
 
         plan: Any = from_words(args)  # a mistake in the words is a UsageError here, not a message in a panel
-        if args.task == "train":  # the training plan
-            self._show_train(plan, args)
+        if args.task == "train":
+            self._load_train(plan, args)
         elif args.emit:
             self.shell.set_next_input(plan.code, replace=False)
             display(plan.view(code=False))
         elif args.json:
             print(json.dumps(plan.to_dict(), indent=2))
-        elif in_kernel(self.shell) and all(a.control for a in PLAN_ARGUMENTS if a.name in given(args, PLAN_ARGUMENTS)):
-            # The Load tab, when it has a control for every argument the line gave (--reserve, --pinned: the report).
-            from nbhw.ui.panel import panel  # ipywidgets and plotly: only when a panel is asked for
-
+        elif self._has_controls(PLAN_ARGUMENTS, given(args, PLAN_ARGUMENTS)):
             # The words as the plan read them ("half" is float16), for the arguments the line gave.
-            asked = {name: getattr(plan.args, name) for name in given(args, PLAN_ARGUMENTS)}
-            opened = panel(
-                args.model, offline=args.offline, tab="Load", interval=self.interval, window=self.window, **asked
+            self._open_load_tab(
+                args.model, args, **{name: getattr(plan.args, name) for name in given(args, PLAN_ARGUMENTS)}
             )
-            display(opened)
         else:
             display(plan)
+
+    def _load_train(self, plan: Any, args: argparse.Namespace) -> None:
+        """%hw load --task train: the Load tab in its Train mode (--emit, --json, a terminal: the training plan)."""
+        names = [name for name, value in given(args, TRAIN_ARGUMENTS).items() if value is not False]
+        if args.emit or args.json or not self._has_controls(TRAIN_ARGUMENTS, names):
+            self._show_train(plan, args)
+            return
+        # On the plan's model (None: nbhw's tiny one), with the words as the training plan read them ("4k": 4096).
+        self._open_load_tab(plan.model, args, task="train", **{name: getattr(plan.asked, name) for name in names})
+
+    def _has_controls(self, declared: Any, names: Any) -> bool:
+        """In a kernel, whether the Load tab has a control for every argument the line gave (--reserve, --pinned:
+        the report instead)."""
+        return in_kernel(self.shell) and all(a.control for a in declared if a.name in set(names))
+
+    def _open_load_tab(self, model: Any, args: argparse.Namespace, **words: Any) -> None:
+        from nbhw.ui.panel import panel  # ipywidgets and plotly: only when a panel is asked for
+
+        display(panel(model, offline=args.offline, tab="Load", interval=self.interval, window=self.window, **words))
 
     def _run_holders(self, args: argparse.Namespace) -> None:
         from nbhw import session  # lazy: see above

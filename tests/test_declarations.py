@@ -28,6 +28,7 @@ from nbhw.core.plan.load_form import CONTROLS, OPTIONS
 from nbhw.core.train import tasks
 from nbhw.core.train.arguments import TRAIN_ARGUMENTS
 from nbhw.core.train.tasks import TASK_ARGUMENTS
+from nbhw.core.train.train_form import TRAIN_CONTROLS
 from nbhw.ui.load import LoadView
 from nbhw.ui.worker import Worker
 
@@ -77,7 +78,10 @@ def test_every_argument_is_a_keyword_of_plan_panel_and_to_dict() -> None:
     train_only = {a.name for a in tasks.TRAIN_ONLY}
     assert set(inspect.signature(nbhw.plan).parameters) == PLAN_NAMES | train_only | {"task", "model", "offline"}
     panel_keywords = set(inspect.signature(nbhw.panel).parameters) - {"model", "offline", "tab", "interval", "window"}
-    assert panel_keywords == set(CONTROLS) == {a.name for a in PLAN_ARGUMENTS if a.control}
+    # the Load tab's controls, and (task="train") its Train mode's: one per declared argument with a control
+    assert set(CONTROLS) == {a.name for a in PLAN_ARGUMENTS if a.control}
+    assert panel_keywords == set(CONTROLS) | set(TRAIN_CONTROLS) | {"task"}
+    assert set(TRAIN_CONTROLS) == {a.name for a in TRAIN_ARGUMENTS if a.control}
     # (target and max_memory both set the budget, so one plan can't take both)
     assert set(nbhw.plan(**{k: v for k, v in SHOWN.items() if k != "target"}).to_dict()["arguments"]) == PLAN_NAMES
     assert nbhw.plan(target=SHOWN["target"]).to_dict()["arguments"]["target"] == "T4"

@@ -23,7 +23,9 @@ from nbhw.core.fit.fit_form import fit_form
 from nbhw.core.hf import dryrun
 from nbhw.core.plan import load_form
 from nbhw.core.plan.load_form import CONTROLS, Choices, Form, Option, Preview, Unit
+from nbhw.core.train.train_form import TrainForm, task_options
 from nbhw.ui.codebox import codebox, highlight
+from nbhw.ui.train import TrainView
 from nbhw.ui.tree import close_tree
 from nbhw.ui.worker import LOCK, Worker, locked, unexpected
 
@@ -324,28 +326,46 @@ class LoadView:
     """The Load tab's widgets over a :class:`Form`; every change re-plans in the background.
 
     One control per declared argument that names one (:data:`nbhw.core.plan.load_form.CONTROLS`), in declaration
-    order, each with its note beside it; ``max_memory`` is one size field per device accelerate would fill.
+    order, each with its note beside it; ``max_memory`` is one size field per device accelerate would fill. The
+    mode switch ``task`` shows the Train mode instead (:class:`nbhw.ui.train.TrainView`, made when first shown,
+    ``.train``) under the same model box; each mode keeps its own controls and preview.
     """
 
-    def __init__(self, form: Form, worker: Worker, models: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        form: Form,
+        worker: Worker,
+        models: list[str] | None = None,
+        *,
+        task: str = "infer",
+        train: TrainForm | None = None,
+    ) -> None:
         self.form = form
         self.worker = worker
         self.choices: Choices | None = None
         self.result: Result | None = None
+        self.train: TrainView | None = None
         self.closed = False
         self._syncing = False
         self._key = ("load", id(self))
+        self._train_form = train or TrainForm.of(form.model, offline=form.offline)
+        self._replan_on_return = task == "train"  # the inference plan waits until its mode is shown
         self.memory_fields: dict[str, Any] = {}
-        self._make_controls(form, models or [])
+        self._make_controls(form, models or [], task)
         self.box = self._layout()
         for control in self.controls():
             control.observe(self._changed, names="value")
+        self.task.observe(self._task_changed, names="value")
         self._set_memory_fields([load_form.MemoryField(k, k, None) for k, _ in form.max_memory])
-        self.refresh(delay=0.0)  # the first plan is no burst of changes
+        if task == "train":
+            self._show_task("train")
+        else:
+            self.refresh(delay=0.0)  # the first plan is no burst of changes
 
-    def _make_controls(self, form: Form, models: list[str]) -> None:
+    def _make_controls(self, form: Form, models: list[str], task: str) -> None:
         w = _ipywidgets()
         label = {"description_width": LABEL_WIDTH}
+        self.task = _control("ToggleButtons")(options=task_options(), value=task, style={"button_width": "140px"})
         self.model = _control("Combobox")(
             value=form.model, options=list(models), description="model", ensure_option=False,
             continuous_update=False, placeholder="Hub id (org/name) or local folder", style=label,
@@ -401,7 +421,8 @@ class LoadView:
         self._rows = [w.HBox(children, layout=w.Layout(align_items="center")) for children in rows]
         self._extras = [w.HTML(STYLE), memory_label]
         self._fit_row = w.HBox([self.fit_button, self.fit_note], layout=w.Layout(align_items="center"))
-        box = w.VBox([self._extras[0], *self._rows, self._fit_row, self.message, self.code, self.picture, self.report])
+        self.infer_box = w.VBox([*self._rows[1:], self._fit_row, self.message, self.code, self.picture, self.report])
+        box = w.VBox([self._extras[0], self._rows[0], self.task, self.infer_box])
         box.add_class("nbhw-load")
         box.add_class("nbhw")
         return box
@@ -436,6 +457,11 @@ class LoadView:
         with LOCK:
             if self._syncing or self.closed:
                 return
+            if self.task.value == "train":  # the model goes to the training plan; the inference plan waits
+                self._replan_on_return = True
+                if self.train is not None:
+                    self.train.follow(str(self.model.value), bool(self.offline.value))
+                return
             self.form = self.read_form()
             if change is not None and change.get("owner") is self.inputs.get("target"):
                 # Other hardware, other advice: the dtype settles on the new advised one (a T4: float16), and a
@@ -450,6 +476,29 @@ class LoadView:
         return self.worker.submit(
             self._key, lambda post: compute(form, post), self._apply, delay=delay, progress=self._apply
         )
+
+    # -- the mode: load / generate or train
+
+    def _task_changed(self, change: Any) -> None:
+        with LOCK:
+            if not self.closed:
+                self._show_task(str(change["new"]))
+
+    def _show_task(self, task: str) -> None:
+        """Show one mode's controls and preview (under the lock); the other keeps its own values."""
+        training = task == "train"
+        model, offline = str(self.model.value), bool(self.offline.value)
+        if training and self.train is None:
+            self.train = TrainView(self._train_form.replace(model=model, offline=offline), self.worker)
+            self.box.children = [*self.box.children, self.train.box]
+        elif training and self.train is not None:
+            self.train.follow(model, offline)
+        self.infer_box.layout.display = "none" if training else None
+        if self.train is not None:
+            self.train.box.layout.display = None if training else "none"
+        if not training and self._replan_on_return:
+            self._replan_on_return = False
+            self._changed()
 
     # -- "Make it fit"
 
@@ -582,9 +631,12 @@ class LoadView:
         notes = list(self.notes.values())
         shown = [self.inputs["max_memory"], self.fit_button, self.fit_note, self._fit_row, self.message, self.code,
                  self.picture, self.report]  # fmt: skip
-        return [*self.controls(), *notes, *shown, *self.memory_fields.values(), *self._extras, *self._rows, self.box]
+        rows = [*self._extras, *self._rows, self.task, self.infer_box, self.box]
+        return [*self.controls(), *notes, *shown, *self.memory_fields.values(), *rows]
 
     def close(self) -> None:
-        """Close the widgets, their layouts and styles; a job still running for this view is dropped."""
+        """Close the widgets, their layouts and styles, the Train mode's too; a job still running is dropped."""
         self.closed = True
+        if self.train is not None:
+            self.train.close()
         close_tree(*self.widgets())

@@ -20,6 +20,9 @@ from nbhw.core.errors import UserError, one_of
 from nbhw.core.hardware.detect import detect
 from nbhw.core.plan import load_form
 from nbhw.core.plan.load_form import CONTROLS, Form, cached_models, form_words
+from nbhw.core.train import train_form
+from nbhw.core.train.tasks import check_names, check_task
+from nbhw.core.train.train_form import TRAIN_CONTROLS, TrainForm
 from nbhw.ui.attention import AttentionView
 from nbhw.ui.devices import DevicesView
 from nbhw.ui.holders import HoldersView
@@ -67,13 +70,27 @@ def close_all() -> None:
 
 
 class Panel:
-    """The tabbed panel. Display it in Jupyter; ``.load`` is the Load tab's view once displayed; ``.close()``."""
+    """The tabbed panel. Display it in Jupyter; ``.load`` is the Load tab's view once displayed; ``.close()``.
 
-    def __init__(self, form: Form, *, tab: str = "Devices", interval: float = 0.5, window: float = 600.0) -> None:
+    ``task="train"``: the Load tab opens in its Train mode, on ``train`` (its controls' words).
+    """
+
+    def __init__(
+        self,
+        form: Form,
+        *,
+        tab: str = "Devices",
+        task: str = "infer",
+        train: TrainForm | None = None,
+        interval: float = 0.5,
+        window: float = 600.0,
+    ) -> None:
         if tab not in TABS:
             raise one_of("tab", tab, list(TABS))
         self.form = form
         self.tab = tab
+        self.task = check_task(task)
+        self.train = train or TrainForm.of(form.model, offline=form.offline)
         self.interval = interval
         self.window = window
         self.closed = False
@@ -124,7 +141,8 @@ class Panel:
             "Devices": lambda: setattr(self, "devices", DevicesView(worker)),
             "Attention": lambda: setattr(self, "attention", AttentionView(worker, self.form.model, self.form.offline,
                                                                           models)),
-            "Load": lambda: setattr(self, "load", LoadView(self.form, worker, models)),
+            "Load": lambda: setattr(self, "load", LoadView(self.form, worker, models, task=self.task,
+                                                           train=self.train)),
         }  # fmt: skip
         for name in sorted(makers, key=lambda n: n != self.tab):
             makers[name]()
@@ -189,21 +207,24 @@ class Panel:
     # -- text and display
 
     def text(self) -> str:
-        """The panel in a terminal: the devices view and the load plan (the graph and tables need Jupyter)."""
-        parts = [detect().text().rstrip(), ""]
+        """The panel in a terminal: the devices view and the load plan, or the training plan with ``task="train"``
+        (the graph and tables need Jupyter)."""
+        parts = [detect().text().rstrip(), "", self._plan_text()]
+        parts += ["", "In Jupyter, %hw shows these as tabs with the memory graph and the attention advice;", (
+            "in a terminal: %hw memory, %hw attention, %hw load.")]  # fmt: skip
+        return "\n".join(parts) + "\n"
+
+    def _plan_text(self) -> str:
+        if self.task == "train":
+            trained = train_form.preview(self.train)
+            return trained.plan.text().rstrip() if trained.plan is not None else f"nbhw: train plan: {trained.error}"
         form = self.form
         if form.dtype is None:  # as in Jupyter: the advised dtype
             found = load_form.choices(form.model, device_map=form.device_map, offline=form.offline, target=form.target)
             advised = found.advised_dtype
             form = form.with_dtype(advised)
         preview = load_form.preview(form)
-        if preview.plan is not None:
-            parts.append(preview.plan.text().rstrip())
-        else:
-            parts.append(f"nbhw: load plan: {preview.error}")
-        parts += ["", "In Jupyter, %hw shows these as tabs with the memory graph and the attention advice;", (
-            "in a terminal: %hw memory, %hw attention, %hw load.")]  # fmt: skip
-        return "\n".join(parts) + "\n"
+        return preview.plan.text().rstrip() if preview.plan is not None else f"nbhw: load plan: {preview.error}"
 
     def __str__(self) -> str:
         return self.text()
@@ -224,6 +245,7 @@ def panel(
     *,
     offline: bool = False,
     tab: str = "Devices",
+    task: str = "infer",
     interval: float = 0.5,
     window: float = 600.0,
     **arguments: Any,
@@ -236,16 +258,25 @@ def panel(
     estimate and placement. "Insert cell below" puts the code in a new cell directly below the panel's cell
     (JupyterLab 4 and Notebook 7); "Copy" puts it on the clipboard; the code box stays selectable. Mistakes in an
     entry show as a message in the panel. ``interval`` and ``window`` set the memory graph (``%hw memory``).
+
+    ``task="train"``: the Load tab opens in its Train mode and ``arguments`` are those of :func:`nbhw.train_plan`
+    (``method``, ``batch``, ``context``, ``lora_r``, ``device_memory``, ...): the preview is the training plan.
     """
-    unknown = [name for name in arguments if name not in CONTROLS]
+    task = check_task(task)
+    check_names(task, arguments)  # a word of the other task's plan says which task it is for
+    name = str(model) if model is not None else load_form.default_model()
+    if task == "train":
+        train = TrainForm.of(name, offline=offline, **train_form.form_words(arguments))
+        return Panel(Form(name, offline=offline), tab=tab, task=task, train=train, interval=interval, window=window)
+    unknown = [n for n in arguments if n not in CONTROLS]
     if unknown:
         raise one_of("argument", unknown[0], list(CONTROLS))
-    name = str(model) if model is not None else load_form.default_model()
     form = Form(name, offline=offline, **form_words(arguments))
     return Panel(form, tab=tab, interval=interval, window=window)
 
 
 panel.__signature__ = signature(  # type: ignore[attr-defined]
     panel, [replace(a, default=None) if a.name == "dtype" else a for a in CONTROLS.values()],
-    keep=("model", "offline", "tab", "interval", "window"),
+    [a for name, a in TRAIN_CONTROLS.items() if name not in CONTROLS],
+    keep=("model", "offline", "tab", "task", "interval", "window"),
 )  # fmt: skip

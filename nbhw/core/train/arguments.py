@@ -180,23 +180,23 @@ class TrainArgs:
         help="LoRA rank (default 16)",
     )  # fmt: skip
     lora_alpha: int | None = argument(
-        metavar="ALPHA", parse=_int_word("lora_alpha"), check=check_lora_alpha, word=word,
+        metavar="ALPHA", parse=_int_word("lora_alpha"), check=check_lora_alpha, word=word, control="text",
         help="LoRA alpha (default 2 x lora_r)",
     )  # fmt: skip
     lora_target_modules: tuple[str, ...] | str | None = argument(
-        kind="words", metavar="NAME", check=check_targets, word=targets_word,
+        kind="words", metavar="NAME", check=check_targets, word=targets_word, control="text",
         help="layers LoRA wraps, e.g. q_proj v_proj, or all-linear (default: peft's list for the model type)",
     )  # fmt: skip
     gradient_accumulation_steps: int = argument(
         default=1, metavar="N", parse=_int_word("gradient_accumulation_steps"), check=check_accumulation, word=word,
-        help="micro-batches per optimizer step (default 1)",
+        control="text", help="micro-batches per optimizer step (default 1)",
     )  # fmt: skip
     devices: int = argument(
         default=1, metavar="N", parse=_int_word("devices"), check=check_count("devices"), word=word,
         control="text", help="devices per node, one process each (default 1)",
     )  # fmt: skip
     nodes: int = argument(
-        default=1, metavar="M", parse=_int_word("nodes"), check=check_count("nodes"), word=word,
+        default=1, metavar="M", parse=_int_word("nodes"), check=check_count("nodes"), word=word, control="text",
         help="machines (default 1)",
     )  # fmt: skip
     strategy: str = argument(
@@ -204,18 +204,19 @@ class TrainArgs:
         help="auto (the cheapest that fits), single, ddp, fsdp2, zero2, zero3, tp",
     )  # fmt: skip
     offload: bool = argument(
-        default=False, kind="switch", check=bool,
+        default=False, kind="switch", check=bool, control="checkbox",
         help="fsdp2 / zero2 / zero3: keep optimizer state (and sharded weights) in host memory",
     )  # fmt: skip
     device_memory: int | str | None = argument(
-        metavar="SIZE", check=check_memory,
+        metavar="SIZE", check=check_memory, control="text",
         help="memory per device, e.g. 80GiB (default: this machine's first accelerator)",
     )  # fmt: skip
     device_type: str = argument(
-        default="auto", choices=DEVICE_TYPES, check=_choice("device_type", DEVICE_TYPES),
+        default="auto", choices=DEVICE_TYPES, check=_choice("device_type", DEVICE_TYPES), control="dropdown",
         help="the devices trained on: cuda or cpu (default: this machine's accelerator, else cpu)",
     )  # fmt: skip
-    target: str | None = argument(**TARGET)  # its device type, memory and count (devices) are the catalog's
+    # A catalog target: its device type, memory and count (devices) are the catalog's.
+    target: str | None = argument(**TARGET, control="dropdown")
     # Resolved by the plan, not an argument: fp16 autocast over float32 weights (full fine-tuning in fp16).
     mixed_precision: str | None = None
 
