@@ -54,6 +54,16 @@ def test_a_variable_holding_a_tensor_is_attributed_its_bytes(shell: Any) -> None
     balanced(report)
 
 
+def test_the_sharded_dry_runs_of_a_training_plan_leave_nothing_the_walk_trips_on(shell: Any) -> None:
+    # A two-device training plan shards its meta step with FSDP2 and tensor parallelism under fake mode: the DTensors
+    # it made may still be alive (gc has not run), and their __tensor_flatten__ names a non-tensor (the mesh).
+    run(shell, "import nbhw\nplan = nbhw.train_plan(method='lora', target='2x H100', context=16)\n"
+               "t = torch.zeros(1000)")  # fmt: skip
+    report = shell_holders(shell)
+    assert report.held_by("t") == 4000
+    balanced(report)
+
+
 def test_a_view_counts_its_whole_storage_and_two_names_share_one_group(shell: Any) -> None:
     run(shell, "base = torch.zeros(1000)\nview = base[:10]\nalias = base")
     report = shell_holders(shell)

@@ -100,7 +100,9 @@ class Walker:
     def _read_keys(self, tensor: Any) -> list[Key]:
         if type(tensor) not in self._plain and self._is_wrapper(tensor):
             attrs, _ = tensor.__tensor_flatten__()
-            return [k for a in attrs for k in self.storage_keys(getattr(tensor, a))]
+            # The inner tensors only: a subclass may name other attributes (a DTensor made under fake mode: its mesh).
+            inner = [getattr(tensor, a, None) for a in attrs]
+            return [k for t in inner if isinstance(t, self.torch.Tensor) for k in self.storage_keys(t)]
         try:
             # The first call makes the storage's Python object (about 8 µs); torch keeps it, later calls are cheap.
             storage = tensor.untyped_storage()
