@@ -26,5 +26,8 @@ def storage_bytes(tensors: Iterable[Any]) -> int:
     seen: dict[int, int] = {}
     for t in tensors:
         s = t.untyped_storage()
-        seen[s.data_ptr()] = s.nbytes()
+        try:
+            seen[s.data_ptr()] = s.nbytes()
+        except RuntimeError:  # "an invalid python storage": a fake tensor's (a training plan's FSDP2 dry run), no bytes
+            continue
     return sum(seen.values())
