@@ -10,12 +10,11 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 import transformers as tf
 from IPython.core.error import UsageError
 
@@ -25,6 +24,7 @@ from nbhw.core.fit.train_search import TrainFitResult
 from nbhw.core.train.arguments import METHODS
 from tests import families
 from tests.dists import BITSANDBYTES
+from tests.test_fit import one_thread  # noqa: F401  (autouse: this module's tests on one torch thread)
 from tests.test_run import config_only
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,14 +35,6 @@ MODELS: dict[str, tuple[Callable[[], Any], str]] = {
     "gpt2": (families.gpt2, "GPT2LMHeadModel"),
 }
 ON = {"device_type": "cpu"}  # budgets in bytes via device_memory: the same on every machine
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

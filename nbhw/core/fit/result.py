@@ -45,6 +45,13 @@ class SearchResult(Shown):
     def headline(self) -> str:
         raise NotImplementedError
 
+    def nearest_lines(self) -> list[str]:
+        """When nothing fits: the nearest changes that do, each with its plan's verdict."""
+        if self.answer is not None:
+            return []
+        found = ["Nearest changes that fit" if self.nearest else "No change nbhw tries fits either"]
+        return found + [f"  - {c.what}: {c.verdict}" for c in self.nearest]
+
     def head(self) -> list[str]:
         """The first lines of the text: the headline and how much was planned, in how long."""
         return [self.headline(), f"  planned {self.planned} of {len(self.search.options)} options in "

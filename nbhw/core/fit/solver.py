@@ -120,6 +120,10 @@ class Change:
     what: str
     plan: LoadPlan
 
+    @property
+    def verdict(self) -> str:
+        return self.plan.placement.verdict if self.plan.placement else ""
+
     def to_dict(self) -> dict[str, Any]:
         return {"change": self.what, "verdict": self.plan.placement.verdict if self.plan.placement else None,
                 "code": self.plan.code}  # fmt: skip
@@ -326,9 +330,7 @@ class FitResult(SearchResult):
             if seen < len(self.rejected):
                 lines.append(f"  ... and {len(self.rejected) - seen} more (result.rejected has every reason)")
             lines.append("")
-        if self.answer is None:
-            lines.append("Nearest changes that fit" if self.nearest else "No change nbhw tries fits either")
-            lines += [f"  - {c.what}: {c.plan.placement.verdict if c.plan.placement else ''}" for c in self.nearest]
+        lines += self.nearest_lines()
         return "\n".join(lines).rstrip() + "\n"
 
     def html(self) -> str:

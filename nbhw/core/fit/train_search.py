@@ -139,6 +139,10 @@ class TrainChange:
     what: str
     plan: TrainPlan
 
+    @property
+    def verdict(self) -> str:
+        return self.plan.verdict
+
     def to_dict(self) -> dict[str, Any]:
         return {"change": self.what, "verdict": self.plan.verdict, "code": self.plan.code}
 
@@ -236,9 +240,7 @@ class TrainFitResult(SearchResult):
             lines += [*("    " + line if line else "" for line in (self.code or "").splitlines()), ""]
         if self.rejected:
             lines += [f"Rejected ({len(self.rejected)}, in the order tried)", *self._lines(), ""]
-        if self.answer is None:
-            lines.append("Nearest changes that fit" if self.nearest else "No change nbhw tries fits either")
-            lines += [f"  - {c.what}: {c.plan.verdict}" for c in self.nearest]
+        lines += self.nearest_lines()
         return "\n".join(lines).rstrip() + "\n"
 
     def html(self) -> str:

@@ -16,7 +16,7 @@ import threading
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from nbhw.core.measured.loaded import UNKNOWN, models_in
 from nbhw.core.memory.cell_records import CellRecord
@@ -24,6 +24,7 @@ from nbhw.core.plan.load_plan import LoadPlan, written_plans
 from nbhw.core.train.train_plan import TrainPlan
 from nbhw.core.train.train_plan import written_plans as written_training
 
+P = TypeVar("P", LoadPlan, TrainPlan)
 MOST_RUNS = 20  # generate cells remembered per model
 
 
@@ -115,18 +116,18 @@ def ran_plan(source: str, tree: ast.Module | None = None) -> LoadPlan | None:
     tree = tree or _parse(source)
     if tree is None:
         return None
-    held = set(_dumps(tree.body))
-    for plan in written_plans():
-        wanted = plan_statements(plan.code)
-        if wanted and all(s in held for s in wanted):
-            return plan
-    return None
+    return _newest_ran(tree, written_plans())
 
 
 def ran_training(tree: ast.Module) -> TrainPlan | None:
     """The newest training plan whose notebook cell this cell ran (the same rule as :func:`ran_plan`)."""
+    return _newest_ran(tree, written_training())
+
+
+def _newest_ran(tree: ast.Module, plans: list[P]) -> P | None:
+    """The first of ``plans`` (newest first) whose cell's statements up to from_pretrained the cell holds."""
     held = set(_dumps(tree.body))
-    for plan in written_training():
+    for plan in plans:
         wanted = plan_statements(plan.code)
         if wanted and all(s in held for s in wanted):
             return plan
