@@ -10,6 +10,7 @@ import ctypes
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from types import ModuleType
 from typing import Any
 
@@ -121,13 +122,20 @@ class HostSource(Source):
         return int(kib) * 1024 if kib is not None else None
 
 
+@lru_cache(maxsize=1)
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, looked up once (None where the C library has none)."""
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):
+        return None
+
+
 def _trim_c_heap() -> None:
     """Hand the C heap's free pages back to the system (glibc's malloc_trim); nothing elsewhere."""
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (AttributeError, OSError):
-        return
-    trim(0)
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 class MachineSource(Source):
