@@ -18,9 +18,15 @@ _OWN_HOME = pytest.StashKey[str]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Keep nbhw's files (the tiny model) out of the user's home: one temporary NBHW_HOME per run."""
+    """Keep nbhw's files (the tiny model) out of the user's home: one temporary NBHW_HOME per run.
+
+    Under pytest-xdist each worker makes its own (the controller's, inherited, would be shared by workers that build
+    the tiny model at the same time)."""
+    made = os.environ.get("NBHW_TEST_HOME_MADE")
+    if os.environ.get("PYTEST_XDIST_WORKER") and made and os.environ.get("NBHW_HOME") == made:
+        del os.environ["NBHW_HOME"]
     if "NBHW_HOME" not in os.environ:
-        os.environ["NBHW_HOME"] = tempfile.mkdtemp(prefix="nbhw-test-home-")
+        os.environ["NBHW_HOME"] = os.environ["NBHW_TEST_HOME_MADE"] = tempfile.mkdtemp(prefix="nbhw-test-home-")
         config.stash[_OWN_HOME] = os.environ["NBHW_HOME"]
 
 

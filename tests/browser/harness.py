@@ -107,6 +107,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class PortTaken(AssertionError):
+    """The server's port was bound by another process between free_port() and the server's start."""
+
+
 class JupyterServer:
     """A real `jupyter lab` or `jupyter notebook` on a loopback port with its own temporary dirs; stop() leaves none."""
 
@@ -131,7 +135,16 @@ class JupyterServer:
         self.stop()
 
     def start(self) -> JupyterServer:
-        self._prepare_dirs()
+        for attempt in range(3):  # a free port may be taken before the server binds it (pytest-xdist's other worker)
+            try:
+                return self._start()
+            except PortTaken:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start(self) -> JupyterServer:
+        self._prepare_dirs()  # again after a stop(): it removes them
         self.port = free_port()
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
@@ -207,7 +220,10 @@ class JupyterServer:
     def _ready(self) -> bool:
         assert self.proc is not None
         if self.proc.poll() is not None:
-            raise AssertionError(f"{self.flavor.name} server exited with {self.proc.returncode}:\n{self.log_tail()}")
+            tail = self.log_tail()
+            if "already in use" in tail:
+                raise PortTaken(tail)
+            raise AssertionError(f"{self.flavor.name} server exited with {self.proc.returncode}:\n{tail}")
         try:
             self.api("GET", "/api/status")
         except (OSError, urllib.error.URLError):
