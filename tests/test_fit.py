@@ -93,13 +93,13 @@ def brute_force(
     every = options(base.checkpoint_dtype, pinned, has_budget=has_acc)
     search = solver.Search(folder, pinned, False, budget, True, (0, 1, 2), every, base)
     found = []
-    for option in every:
-        p = solver.planned(folder, search.values(option), False, base)
-        with quiet():
+    with quiet():  # as the solver's search: quiet as a whole
+        for option in every:
+            p = solver.planned(folder, search.values(option), False, base)
             problems = [x for x in p.check() if x not in p.absent_devices]
             where = WHERE_OF_KIND.get(p.weight_placement.kind) if p.weight_placement else None
             fits = not problems and where is not None and bool(p.run_fits)
-        found.append((option, p, problems, where, fits))
+            found.append((option, p, problems, where, fits))
     return found
 
 

@@ -156,20 +156,15 @@ def quiet() -> Iterator[None]:
     """
     from transformers.utils import logging as hf_logging  # transformers: only once something is planned
 
-    others = [logging.getLogger(name) for name in QUIET_LOGGERS]
     with _settings_lock:
-        if _quiet_depth.value:  # already quiet in this thread: setting levels again costs logging's cache clears
+        if _quiet_depth.value:  # already quiet in this thread: nothing to set again
             with _deeper():
                 yield
             return
-        level, bars, levels = (
-            hf_logging.get_verbosity(),
-            hf_logging.is_progress_bar_enabled(),
-            [o.level for o in others],
-        )
-        hf_logging.set_verbosity_error()
-        for other in others:
-            other.setLevel(logging.ERROR)
+        # transformers' root logger (its get_logger() without a name) and the others, back to their own levels after.
+        loggers = [hf_logging.get_logger(), *(logging.getLogger(name) for name in QUIET_LOGGERS)]
+        bars, levels = hf_logging.is_progress_bar_enabled(), [lg.level for lg in loggers]
+        _set_levels(loggers, [logging.ERROR] * len(loggers))
         # In a kernel a progress bar is a set of widgets nobody closes, shown in whichever cell runs.
         hf_logging.disable_progress_bar()
         try:
@@ -177,11 +172,17 @@ def quiet() -> Iterator[None]:
                 warnings.simplefilter("ignore")
                 yield
         finally:
-            hf_logging.set_verbosity(level)
-            for other, was in zip(others, levels, strict=True):
-                other.setLevel(was)
+            _set_levels(loggers, levels)
             if bars:
                 hf_logging.enable_progress_bar()
+
+
+def _set_levels(loggers: list[logging.Logger], levels: list[int]) -> None:
+    """Each logger's level, with one clear of logging's level caches for them all: Logger.setLevel() clears the
+    cache of every logger there is (transformers makes one per module), so only the last one is set through it."""
+    for lg, level in zip(loggers[:-1], levels[:-1], strict=True):
+        lg.level = level
+    loggers[-1].setLevel(levels[-1])
 
 
 @dataclass

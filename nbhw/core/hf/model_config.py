@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,13 @@ class ModelConfig:
     def available(self) -> bool:
         """Whether a config was found."""
         return self.config is not None
+
+    @cached_property
+    def key(self) -> str:
+        """The config as a cache key, its class and every value: plans of the same config share their meta builds.
+        Read once (a config's JSON costs about a millisecond, and a search makes hundreds of plans of one config,
+        which nbhw never changes once read)."""
+        return f"{type(self.config).__name__}:{self.config.to_json_string(use_diff=False)}"
 
 
 def offline_by_environment() -> bool:

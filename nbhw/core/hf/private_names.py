@@ -203,6 +203,8 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     _n("torch", "Tensor._indices", "call", TORCH, "a sparse COO tensor's indices"),
     _n("torch", "Tensor._values", "call", TORCH, "a sparse COO tensor's values"),
     _n("torch.utils._python_dispatch", "is_traceable_wrapper_subclass", "call", TORCH, "a wrapper's inner tensors"),
+    _n("torch._C", "_functorch.is_batchedtensor", "call", TORCH, "a vmap level's tensor (no storage of its own)"),
+    _n("torch._C", "_functorch.get_unwrapped", "call", TORCH, "the tensor a vmap level's tensor wraps"),
     # IPython: the references it keeps out of sight (nbhw.session reads and clears them)
     _n("IPython.core.displayhook", "DisplayHook.update_user_ns", "source", "9.18.1", "its own _, __, ___"),
     _n("IPython.core.ultratb", "AutoFormattedTB.structured_traceback", "source", "9.18.1", "keeps the last tb"),

@@ -87,6 +87,7 @@ class Walker:
         self._odd: set[type] = {types.FunctionType, types.FrameType}  # special, neither a tensor nor opaque
         wrapper = getattr(torch.utils._python_dispatch, "is_traceable_wrapper_subclass", None)
         self._is_wrapper: Callable[[Any], bool] = wrapper or (lambda t: False)
+        self._functorch = getattr(torch._C, "_functorch", None)
 
     # -- storages
 
@@ -108,6 +109,10 @@ class Walker:
             # The first call makes the storage's Python object (about 8 µs); torch keeps it, later calls are cheap.
             storage = tensor.untyped_storage()
         except (RuntimeError, NotImplementedError):
+            if self._functorch is not None and self._functorch.is_batchedtensor(tensor):
+                # A tensor of a vmap level (one kept past its vmap call, in a closure or a traceback): the memory is
+                # the tensor it wraps, which may have no Python object of its own.
+                return self.storage_keys(self._functorch.get_unwrapped(tensor))
             return [k for part in _sparse_parts(tensor) for k in self.storage_keys(part)]
         nbytes = storage.nbytes()
         device = storage.device  # the storage's, not the tensor's: a FakeTensor says cuda and lives on meta

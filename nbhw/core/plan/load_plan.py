@@ -43,15 +43,14 @@ _WRITTEN: Recent[LoadPlan] = Recent(WRITTEN_PLANS)
 FALLBACK_AUTO_CLASS = "AutoModelForCausalLM"
 
 
-def _config_key(config: Any) -> str:
-    return f"{type(config).__name__}:{config.to_json_string(use_diff=False)}"
-
-
-def cached_build(config: Any, auto_name: str, dtype: str, attn: str | None) -> meta_build.MetaBuild:
+def cached_build(
+    config: model_config.ModelConfig, auto_name: str, dtype: str, attn: str | None
+) -> meta_build.MetaBuild:
     """A meta build with the dtype plan from_pretrained applies, shared by every plan with the same config, class,
     dtype and attention (the model is read-only; its dry runs are remembered with it)."""
-    key = (_config_key(config), auto_name, dtype, attn)
-    return _BUILDS.get(key, lambda: run.build(config, dtype=dtype, auto_name=auto_name, attn_implementation=attn))
+    hf = config.config
+    key = (config.key, auto_name, dtype, attn)
+    return _BUILDS.get(key, lambda: run.build(hf, dtype=dtype, auto_name=auto_name, attn_implementation=attn))
 
 
 _PLACEMENTS: Recent[tuple[Placement, list[str]]] = Recent(256)
@@ -239,7 +238,7 @@ class LoadPlan(Shown):
         """The meta build with your dtype and attn_implementation (None without a config or if it needs a download)."""
         if not self.config.available or self._attn_download or self._attn_on_target:
             return None
-        return cached_build(self.config.config, self.auto_class, self.dtype, self.args.attn_implementation)
+        return cached_build(self.config, self.auto_class, self.dtype, self.args.attn_implementation)
 
     @cached_property
     def meta_model(self) -> Any | None:
@@ -248,7 +247,7 @@ class LoadPlan(Shown):
             return self.build.model
         if not self.config.available:
             return None
-        fallback = cached_build(self.config.config, self.auto_class, self.dtype, None)
+        fallback = cached_build(self.config, self.auto_class, self.dtype, None)
         return fallback.model if fallback.ok else None
 
     @cached_property
@@ -325,7 +324,7 @@ class LoadPlan(Shown):
         # Attention and kernels change no module's size: plans that differ only there share one placement.
         args = self.args
         live = None if args.max_memory is not None else tuple(sorted(self.live.max_memory.items(), key=str))
-        key = (_config_key(self.config.config), self.auto_class, self.dtype, args.quantization, repr(args.device_map),
+        key = (self.config.key, self.auto_class, self.dtype, args.quantization, repr(args.device_map),
                repr(args.max_memory), self.default_device, live, repr(self.target))  # fmt: skip
         quantizer = self.quantizer
 
