@@ -40,6 +40,13 @@ def group(report: H.Holders, *labels: str, device: str = "cpu") -> H.Group:
     raise AssertionError(f"no group held by exactly {labels}; groups: {shown}")
 
 
+def unwrapped(t: Any) -> Any:
+    """What a tensor of (nested) vmap levels wraps (transformers' mask helpers nest vmap over four dimensions)."""
+    while torch._C._functorch.is_batchedtensor(t):
+        t = torch._C._functorch.get_unwrapped(t)
+    return t
+
+
 def balanced(report: H.Holders) -> None:
     for d in report.devices:
         assert d.attributed + d.unattributed == d.tensors
@@ -237,10 +244,16 @@ def test_a_tensor_no_holder_explains_is_unattributed_never_hidden(shell: Any) ->
 
 def test_a_tensor_kept_past_its_vmap_call_is_attributed_what_it_wraps(shell: Any) -> None:
     run(shell, "kept = []\ndef f(x):\n    kept.append(x)\n    return x * 2\nout = torch.vmap(f)(torch.ones(3, 50))")
+    run(
+        shell,
+        "deep = []\ndef g(x):\n    deep.append(x)\n    return x + 1\n"
+        "nested = torch.vmap(torch.vmap(g))(torch.ones(2, 3, 7))",
+    )
     assert torch._C._functorch.is_batchedtensor(shell.user_ns["kept"][0])  # no storage of its own
     report = shell_holders(shell)
     assert report.held_by("kept") == 3 * 50 * 4  # the batch it wraps (its Python object died with the call)
     assert report.held_by("out") == 3 * 50 * 4
+    assert report.held_by("deep") == 2 * 3 * 7 * 4  # through both vmap levels
     balanced(report)
 
 
@@ -405,7 +418,7 @@ def test_every_kind_of_holder_at_once_and_the_balance_against_every_live_tensor(
     alive = [o for o in gc.get_objects() if issubclass(type(o), torch.Tensor) and not o.is_sparse and not o.is_meta]
     # A tensor of a vmap level kept past its call (transformers' mask helpers run vmap) has no storage of its own:
     # what it wraps is counted.
-    alive = [torch._C._functorch.get_unwrapped(t) if torch._C._functorch.is_batchedtensor(t) else t for t in alive]
+    alive = [unwrapped(t) for t in alive]
     assert cpu.tensors == storage_bytes(t for t in alive if t.untyped_storage().device.type == "cpu")
 
 
