@@ -39,6 +39,8 @@ class ModelConfig:
         """The config as a cache key, its class and every value: plans of the same config share their meta builds.
         Read once (a config's JSON costs about a millisecond, and a search makes hundreds of plans of one config,
         which nbhw never changes once read)."""
+        if self.config is None:
+            raise ValueError(f"no config for {self.model!r}: {self.problem}")
         return f"{type(self.config).__name__}:{self.config.to_json_string(use_diff=False)}"
 
 
