@@ -20,8 +20,6 @@ import time
 import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import groupby, repeat
-from operator import itemgetter
 from typing import Any
 
 from nbhw.core.errors import UserError
@@ -535,9 +533,6 @@ def _assign(held: dict[Key, tuple[int, ...]], all_holders: list[Holder], holder:
         held[key] += index
 
 
-_DEVICE_OF = itemgetter(0)  # of a storage key (device, data pointer)
-
-
 def _report(
     walker: Walker,
     found: set[Key],
@@ -548,51 +543,39 @@ def _report(
     device: str | None,
     scan: bool,
 ) -> tuple[tuple[DeviceHolders, ...], dict[Key, tuple[int, frozenset[int]]]]:
-    """Per device, the groups of exactly-the-same holders; and every storage with its bytes and its holders.
-
-    Every per-storage pass runs in C (map, zip, sorted, groupby): a kernel holds tens of thousands of storages and
-    a few hundred groups.
-    """
-    sizes = walker.sizes
-    loose = found - held.keys()
-    held_on = set(map(_DEVICE_OF, held))
-    names = sorted(held_on | set(map(_DEVICE_OF, loose)) | set(memory.devices()))
+    """Per device, the groups of exactly-the-same holders; and every storage with its bytes and its holders."""
+    everything = found | held.keys()
+    names = sorted({k[0] for k in everything} | set(memory.devices()))
     if device is not None and device not in names:
         raise UserError(f"no tensors on {device!r}; devices with tensors: {', '.join(names) or 'none'}")
     owner_sets = {indices: frozenset(indices) for indices in set(held.values())}
-    keys = sorted(held, key=held.__getitem__)  # storages with the same holders side by side
-    owners = list(map(owner_sets.__getitem__, map(held.__getitem__, keys)))
-    storages = dict(zip(keys, zip(map(sizes.__getitem__, keys), owners, strict=True), strict=True))
-    unheld = list(loose)
     nobody: frozenset[int] = frozenset()
-    storages.update(zip(unheld, zip(map(sizes.__getitem__, unheld), repeat(nobody), strict=False), strict=True))
-    groups: dict[str, dict[frozenset[int], list[int]]] = {name: {} for name in names}
-    only = groups[next(iter(held_on))] if len(held_on) == 1 else None  # one device, nearly always
-    for indices, same in groupby(keys, key=held.__getitem__):
-        of = owner_sets[indices]
-        if only is not None:
-            only[of] = list(map(sizes.__getitem__, same))
-            continue
-        for key in same:
-            groups[key[0]].setdefault(of, []).append(sizes[key])
+    storages = {k: (walker.sizes[k], owner_sets[held[k]] if k in held else nobody) for k in everything}
     out = tuple(
-        _device_holders(name, groups[name], [k for k in unheld if k[0] == name], walker,
-                        all_holders=all_holders, memory=memory, scan=scan)
+        _device_holders(name, storages, walker, all_holders=all_holders, memory=memory, scan=scan)
         for name in ([device] if device else names)
-    )  # fmt: skip
+    )
     return out, storages
 
 
 def _device_holders(
     name: str,
-    groups: dict[frozenset[int], list[int]],
-    loose: list[Key],
+    storages: Mapping[Key, tuple[int, frozenset[int]]],
     walker: Walker,
     *,
     all_holders: Sequence[Holder],
     memory: DeviceMemory,
     scan: bool,
 ) -> DeviceHolders:
+    groups: dict[frozenset[int], list[int]] = {}
+    loose: list[Key] = []
+    for key, (nbytes, owners) in storages.items():
+        if key[0] != name:
+            continue
+        if owners:
+            groups.setdefault(owners, []).append(nbytes)
+        else:
+            loose.append(key)
     ranked = sorted(
         (
             Group(tuple(all_holders[i] for i in sorted(owners)), sum(sizes), len(sizes))
@@ -603,7 +586,7 @@ def _device_holders(
     loose.sort(key=lambda k: -walker.sizes[k])
     examples = tuple(walker.example(k) for k in loose[:3])
     allocated, reserved = memory.allocated(name), memory.reserved(name)
-    unattributed = sum(map(walker.sizes.__getitem__, loose))
+    unattributed = sum(walker.sizes[k] for k in loose)
     counted: int | None = len(loose)
     if not scan:  # not looked for: the allocator's figure says how much is left, where it keeps one
         attributed = sum(g.nbytes for g in ranked)

@@ -84,7 +84,6 @@ class Walker:
         self._opaque: set[type] = set(OPAQUE)
         self._special: set[type] = {*self.tensor_types, *OPAQUE, types.FunctionType, types.FrameType}
         self._classified: set[type] = set(self._special)
-        self._odd: set[type] = {types.FunctionType, types.FrameType}  # special, neither a tensor nor opaque
         wrapper = getattr(torch.utils._python_dispatch, "is_traceable_wrapper_subclass", None)
         self._is_wrapper: Callable[[Any], bool] = wrapper or (lambda t: False)
         self._functorch = getattr(torch._C, "_functorch", None)
@@ -158,7 +157,7 @@ class Walker:
     def _walk(self, frontier: list[object], keys: set[Key], nodes: list[object], seen: dict[int, object]) -> None:
         """Breadth first, a whole frontier at a time; every per-object pass runs in C (map, zip, compress, sets):
         gc.get_referents(*objects) gives the next frontier, gc.is_tracked drops what cannot hold a tensor."""
-        tensor_types, special = self.tensor_types, self._special
+        tensor_types, special, opaque = self.tensor_types, self._special, self._opaque
         while frontier:
             batch = dict(zip(map(id, frontier), frontier, strict=True))
             fresh_ids = batch.keys() - seen.keys() - self.ignore
@@ -174,11 +173,10 @@ class Walker:
             kinds = list(map(type, fresh))
             for kind in set(kinds) - self._classified:
                 self._classify(kind)
-            # The frontier in three parts, each split off in C: tensors, other special objects (functions, frames,
-            # autograd nodes), and plain objects whose referents are followed.
-            plain = list(compress(fresh, map(not_, map(special.__contains__, kinds))))
-            tensors = list(compress(fresh, map(tensor_types.__contains__, kinds)))
-            odd = list(compress(fresh, map(self._odd.__contains__, kinds)))
+            is_special = list(map(special.__contains__, kinds))
+            plain = list(compress(fresh, map(not_, is_special)))
+            odd = [o for o in compress(fresh, is_special) if type(o) not in opaque]
+            tensors = [o for o in odd if type(o) in tensor_types]
             # One C call for the whole frontier; a tensor's referents are its __dict__ and hooks (and its grad_fn,
             # which the classification sends to the graph walk).
             tracked = filter(gc.is_tracked, gc.get_referents(*plain, *tensors))
@@ -196,6 +194,8 @@ class Walker:
                 if entry[2] is not None:
                     nodes.append(entry[2])
             for obj in odd:
+                if type(obj) in tensor_types:
+                    continue
                 if isinstance(obj, types.FunctionType):
                     frontier.extend(_function_parts(obj))  # closures and defaults, never its module's globals
                 elif isinstance(obj, types.FrameType):
@@ -210,7 +210,6 @@ class Walker:
             self._special.add(kind)
         elif hasattr(kind, "next_functions") and hasattr(kind, "register_hook"):
             self._special.add(kind)  # an autograd Node (C++ nodes have no Python base class to test)
-            self._odd.add(kind)
 
     def _read_tensor(self, tensor: Any) -> tuple[list[Key], object | None, object | None]:
         """(its storages, its .grad, its grad_fn), read once per walk."""
