@@ -85,7 +85,7 @@ def test_layers_that_alternate_run_every_layer() -> None:
 
 def test_periods_that_do_not_repeat_are_refused() -> None:
     stretch = run_depth.Stretch(first=0, layers=8, device="cpu")
-    shallow = run_depth.Shallow(model=None, device_map={}, stretches=[stretch], full_weights={})
+    shallow = run_depth.Shallow(model=None, device_map={}, stretches=[stretch], added_weights={})
     starts = [0, 2, 4, 6, 8, 10, 12, 14, 16, 18]
     timeline = [(v,) for v in [1, 2, 3, 4, 5, 9, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]
     with pytest.raises(run_depth.NotRepeating):

@@ -444,9 +444,8 @@ class _DryRun:
         created_at, created = self.created
         if before is None or after is None or created is None:
             raise run_depth.NotRepeating("no per-layer cache made before the prefill")
-        full = self.shallow.full_weights
         weights = self.weights + [0] * (len(track.devices) - len(self.weights))
-        extra = tuple(full.get(d, 0) - w for d, w in zip(track.devices, weights, strict=True))
+        extra = tuple(self.shallow.added_weights.get(d, 0) for d in track.devices)
         timeline = _padded(track.timeline, len(track.devices))
         made = (created_at, run_depth.added_bytes(created, self.shallow, track.devices))
         track.timeline, found["split"] = run_depth.widen_timeline(

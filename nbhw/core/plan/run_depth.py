@@ -17,6 +17,7 @@ only when its layers match the kept layers of the full model one for one (classe
 from __future__ import annotations
 
 import copy
+import operator
 import threading
 import weakref
 from collections.abc import Callable, Hashable
@@ -55,7 +56,7 @@ class Shallow:
     model: Any
     device_map: dict[str, Hashable]
     stretches: list[Stretch]
-    full_weights: dict[Hashable, int]  # every weight of the full model, by device
+    added_weights: dict[Hashable, int]  # the weights of the layers not recorded, by device
 
     @property
     def layers(self) -> int:
@@ -133,7 +134,11 @@ def shallow(
         stretches.append(Stretch(first, len(g), dryrun.device_of_module(f"{prefix}.{g[0]}", device_map)))
         first += min(len(g), RECORDED)
     small_map = _small_map(device_map, prefix, kept)
-    return Shallow(small, small_map, stretches, _weights_by_device(model, device_map))
+    added: dict[Hashable, int] = {}
+    for g, stretch in zip(groups, stretches, strict=True):
+        skipped = [t for i in g[RECORDED:] for t in (*layers[i].parameters(), *layers[i].buffers())]
+        added[stretch.device] = added.get(stretch.device, 0) + dryrun.storage_bytes(skipped)
+    return Shallow(small, small_map, stretches, added)
 
 
 def _small_model(model: Any, kept: tuple[int, ...], layers: list[Any], cast: Callable[[Any, Any], Any]) -> Any | None:
@@ -184,12 +189,6 @@ def _small_map(device_map: dict[str, Hashable], prefix: str, kept: tuple[int, ..
                 out[f"{prefix}.{j}"] = dryrun.device_of_module(f"{prefix}.{i}", device_map)
             layers_placed = True
     return out
-
-
-def _weights_by_device(model: Any, device_map: dict[str, Hashable]) -> dict[Hashable, int]:
-    track = dryrun.tracker(list(dict.fromkeys(device_map.values())))
-    dryrun.track_weights(track, model, device_map)
-    return dict(zip(track.devices, track.totals, strict=True))
 
 
 # ----------------------------------------------------------------------------------------------- widening
@@ -285,15 +284,14 @@ def widen_timeline(
     out: list[tuple[int, ...]] = []
     shift, cursor, moved = extra, 0, 0
     for at, start, step, copies in sorted(inserts):
-        out += [_plus(p, shift) for p in timeline[cursor:at]]
+        out += _lifted(timeline[cursor:at], shift)
         for q in range(1, copies + 1):
-            lift = _plus(shift, tuple(q * s for s in step))
-            out += [_plus(p, lift) for p in timeline[start:at]]
+            out += _lifted(timeline[start:at], _plus(shift, tuple(q * s for s in step)))
         shift = _plus(shift, tuple(copies * s for s in step))
         if at <= split:
             moved += copies * (at - start)
         cursor = at
-    out += [_plus(p, shift) for p in timeline[cursor:]]
+    out += _lifted(timeline[cursor:], shift)
     return out, split + moved
 
 
@@ -323,6 +321,12 @@ def _period(
         if _minus(timeline[b + d], timeline[a + d]) != step:
             raise NotRepeating("the middle decoder layers do not repeat exactly")
     return c, b, step, stretch.copies
+
+
+def _lifted(points: list[tuple[int, ...]], by: tuple[int, ...]) -> list[tuple[int, ...]]:
+    if not any(by):
+        return points
+    return [tuple(map(operator.add, p, by)) for p in points]
 
 
 def _plus(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
