@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
@@ -216,9 +217,8 @@ def tracker(devices: Sequence[Hashable] = ("",), max_ops: int | None = None) -> 
 def peaks(timeline: Sequence[tuple[int, ...]], devices: int, start: int = 0, stop: int | None = None) -> list[int]:
     """Each device's highest total over a stretch of a timeline (0 for a device not seen yet)."""
     found = [0] * devices
-    for point in timeline[start:stop]:
-        for i, value in enumerate(point):
-            found[i] = max(found[i], value)
+    for i, column in enumerate(itertools.zip_longest(*timeline[start:stop], fillvalue=0)):  # by device: C loops
+        found[i] = max(found[i], *column)
     return found
 
 

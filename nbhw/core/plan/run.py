@@ -28,7 +28,8 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from nbhw.core.hf import dryrun, meta_build
+from nbhw.core.hf import depth, dryrun, meta_build
+from nbhw.core.plan import run_depth
 
 # A prefill plus one decode step dispatches 11-16 ops per module whatever the context (measured: Llama-70B 11.7,
 # DeepSeek-V3 16.4); a model whose op count grows with the context runs a Python loop over tokens or chunks (the torch
@@ -329,12 +330,21 @@ def _device_labels(device_map: dict[str, Hashable]) -> list[Hashable]:
 class _DryRun:
     """generate()'s steps on one model at one size, under one tracker: the inputs, the prefill, one decode step."""
 
-    def __init__(self, model: Any, sizes: Sizes) -> None:
-        self.model, self.sizes, self.dev = model, sizes, model.device
+    def __init__(self, model: Any, sizes: Sizes, widen: bool = True) -> None:
+        self.full, self.sizes = model, sizes
         self.device_map = dict(sizes.device_map)
-        self.tracker = dryrun.tracker(_device_labels(self.device_map), max_ops=op_budget(model))
+        plain = widen and not sizes.inputs and model.can_generate()
+        # A deep model runs with a few of its decoder layers, widened to its depth after (see run_depth).
+        self.shallow = run_depth.shallow(model, self.device_map, plain=plain, cast=apply_dtype_plan)
+        if self.shallow is not None:
+            model, self.device_map = self.shallow.model, self.shallow.device_map
+        self.model, self.dev = model, model.device
+        self.tracker = dryrun.tracker(_device_labels(self.device_map), max_ops=op_budget(self.full))
         dryrun.track_weights(self.tracker, model, self.device_map)
         self.weights = list(self.tracker.totals)
+        self.starts: list[int] = []  # the op index each recorded decoder layer started at (a shallow run)
+        self.routed_at: list[dict[str, int]] = []  # and the attention kernels counted by then
+        self.created: tuple[int, list[run_depth.CacheLayer] | None] = (0, None)  # op index, cache layers as made
         self.encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
         self.gen: Any = generation_config(model, **dict(sizes.generation)) if model.can_generate() else None
         tokens = default_encoder_tokens(model, sizes.context) if sizes.encoder_tokens is None else sizes.encoder_tokens
@@ -374,7 +384,9 @@ class _DryRun:
         model, s, dev, track = self.model, self.sizes, self.dev, self.tracker
         ids, kwargs = self.kwargs()
         self.step = "creating the cache"
-        new_cache(model, self.gen, kwargs, s.batch, s.context)
+        created = new_cache(model, self.gen, kwargs, s.batch, s.context)
+        if self.shallow is not None:  # a cache layer may allocate when it is made (a window scalar, a static cache)
+            self.created = (len(track.timeline), run_depth.cache_layers(created, track, _state_tensors))
         kwargs["use_cache"] = self.gen.use_cache
         self.step = "the prefill forward"
         outputs = model._prefill(ids, self.gen, kwargs)
@@ -382,6 +394,8 @@ class _DryRun:
         found: dict[str, Any] = {"parts": cache_parts(cache), "classes": _layer_classes(cache),
                                  "cache_class": type(cache).__name__ if cache is not None else "none",
                                  "cache_on": dryrun.bytes_by_device(track, cache)}  # fmt: skip
+        if self.shallow is not None:
+            found["layers"] = run_depth.cache_layers(cache, track, _state_tensors)
         self.step = "the decode step"
         kwargs = model._update_model_kwargs_for_generation(outputs, kwargs, is_encoder_decoder=self.encoder_decoder)
         # generate(): a float32 copy of the last position's logits, argmax, append; `outputs` stays alive meanwhile.
@@ -393,6 +407,8 @@ class _DryRun:
         decoded_cache = decoded.get("cache")
         found["decode_held"] = cache_parts(decoded_cache)[0]
         found["decode_on"] = dryrun.bytes_by_device(track, decoded_cache)
+        if self.shallow is not None:
+            found["decode_layers"] = run_depth.cache_layers(decoded_cache, track, _state_tensors)
         return found
 
     def run(self) -> _Run:
@@ -411,7 +427,32 @@ class _DryRun:
         except Exception as exc:
             why = " ".join(str(exc).split())
             raise DryRunError(f"{self.step} failed on the meta device: {type(exc).__name__}: {why}") from exc
-        return self._result(found, dict(routed.routed), started)
+        kernels = dict(routed.routed)
+        if self.shallow is not None:
+            try:
+                self._widen(found)
+                kernels = run_depth.widen_counts(kernels, self.routed_at, self.shallow)
+            except run_depth.NotRepeating:
+                return _DryRun(self.full, self.sizes, widen=False).run()
+        return self._result(found, kernels, started)
+
+    def _widen(self, found: dict[str, Any]) -> None:
+        """The shallow run's figures at the full model's depth: timeline, weights, cache (see run_depth)."""
+        assert self.shallow is not None
+        track = self.tracker
+        before, after = found.pop("layers"), found.pop("decode_layers")
+        created_at, created = self.created
+        if before is None or after is None or created is None:
+            raise run_depth.NotRepeating("no per-layer cache made before the prefill")
+        weights = self.weights + [0] * (len(track.devices) - len(self.weights))
+        extra = tuple(self.shallow.added_weights.get(d, 0) for d in track.devices)
+        timeline = _padded(track.timeline, len(track.devices))
+        made = (created_at, run_depth.added_bytes(created, self.shallow, track.devices))
+        track.timeline, found["split"] = run_depth.widen_timeline(
+            timeline, self.starts, found["split"], self.shallow, extra, made=made
+        )
+        run_depth.widen_cache(found, self.shallow, before, after)
+        self.weights = [w + e for w, e in zip(weights, extra, strict=True)]
 
     @contextlib.contextmanager
     def _measured(self) -> Iterator[Any]:
@@ -423,10 +464,30 @@ class _DryRun:
             _no_value_checks(),
             dryrun.attention_as_on(self.sizes.target) as routed,
             dryrun.placed(self.model, self.device_map, self.tracker) as first,
+            self._layer_starts(),
             self.tracker,
         ):
             self.tracker.now = self.tracker.index(first)
+            self.routing = routed
             yield routed
+
+    @contextlib.contextmanager
+    def _layer_starts(self) -> Iterator[None]:
+        """Notes the op index each decoder layer starts at (a shallow run's periods are read from it)."""
+        if self.shallow is None:
+            yield
+            return
+        _, layers = depth.decoder_stack(self.model)
+        handles = [layer.register_forward_pre_hook(lambda *_: self._layer_started()) for layer in layers]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _layer_started(self) -> None:
+        self.starts.append(len(self.tracker.timeline))
+        self.routed_at.append(dict(self.routing.routed))
 
     def _per_device(self, cache_on: dict[Hashable, int], decode_on: dict[Hashable, int]) -> dict[Hashable, DeviceRun]:
         track = self.tracker

@@ -31,6 +31,7 @@ from typing import Any
 
 from nbhw.core.errors import UserError
 from nbhw.core.hf import dryrun
+from nbhw.core.hf.depth import decoder_layers, layer_signature
 from nbhw.core.plan import run
 from nbhw.core.train.arguments import TrainArgs
 
@@ -811,23 +812,6 @@ def _fsdp2_model(model: Any, mesh: Any, fake: Any) -> Any:
 # --------------------------------------------------------------------------------------------- depth: identical layers
 
 
-def decoder_layers(model: Any) -> list[Any]:
-    """The model's repeated decoder layers: the longest ModuleList of one class named in _no_split_modules."""
-    import torch  # lazy: import nbhw stays free of torch
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    no_split = set(getattr(base, "_no_split_modules", None) or [])
-    best: list[Any] = []
-    for module in base.modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) > len(best):
-            kinds = {type(m) for m in module}
-            # FSDP2 swaps in a subclass (FSDPLlamaDecoderLayer): look through it to the model's own class.
-            names = {c.__name__ for k in kinds for c in k.__mro__}
-            if len(kinds) == 1 and (not no_split or names & no_split):
-                best = list(module)
-    return best
-
-
 class Timeline:
     """The tracker's total after every op of forward and backward, each tagged with the decoder layer running."""
 
@@ -907,14 +891,6 @@ def synthesize_peak(timeline: Timeline, layers: int) -> tuple[int, int]:
         gshift += copies * gstep
         cursor = at
     return max([best, *((v + shift, g + gshift) for v, g in zip(values[cursor:], grads[cursor:], strict=True))])
-
-
-def layer_signature(layer: Any) -> tuple[Any, ...]:
-    """What makes two decoder layers do the same work: their modules' classes and parameters (shape, dtype,
-    trainable) in order."""
-    modules = tuple((n, type(m).__name__) for n, m in layer.named_modules())
-    params = tuple((n, tuple(p.shape), str(p.dtype), p.requires_grad) for n, p in layer.named_parameters())
-    return modules, params
 
 
 def uniform_depth(config: Any) -> str | None:
