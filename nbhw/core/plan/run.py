@@ -28,7 +28,7 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from nbhw.core.hf import dryrun, meta_build
+from nbhw.core.hf import dryrun, meta_build, offloading
 
 # A prefill plus one decode step dispatches 11-16 ops per module whatever the context (measured: Llama-70B 11.7,
 # DeepSeek-V3 16.4); a model whose op count grows with the context runs a Python loop over tokens or chunks (the torch
@@ -375,6 +375,7 @@ class _DryRun:
         ids, kwargs = self.kwargs()
         self.step = "creating the cache"
         new_cache(model, self.gen, kwargs, s.batch, s.context)
+        offloading.stand_in_streams(kwargs.get("cache"), s.target)
         kwargs["use_cache"] = self.gen.use_cache
         self.step = "the prefill forward"
         outputs = model._prefill(ids, self.gen, kwargs)
@@ -408,6 +409,8 @@ class _DryRun:
                 "loop over tokens or chunks on this device (the kernel a GPU would use is not available to a meta "
                 "run), so a dry run at this context would take minutes; smaller contexts are measured"
             ) from exc
+        except offloading.Refused as exc:
+            raise DryRunError(str(exc)) from exc
         except Exception as exc:
             why = " ".join(str(exc).split())
             raise DryRunError(f"{self.step} failed on the meta device: {type(exc).__name__}: {why}") from exc
@@ -423,6 +426,9 @@ class _DryRun:
             _no_value_checks(),
             dryrun.attention_as_on(self.sizes.target) as routed,
             dryrun.placed(self.model, self.device_map, self.tracker) as first,
+            offloading.host_copies(self.tracker)
+            if offloading.asks_offloading(self.sizes.generation)
+            else contextlib.nullcontext(),
             self.tracker,
         ):
             self.tracker.now = self.tracker.index(first)
