@@ -114,8 +114,11 @@ def test_solver_equals_brute_force_on_the_grid(folders: dict[str, str]) -> None:
         n = needs[(model, context)]
         budget = {k: int(share * n) for k, share in BUDGETS[budget_name].items()}
         # To keep the grid quick: attention and kernels are searched in every tenth case (their other options are
-        # refused here or plan the same), device_map strategies in every fifth; the rest is searched everywhere.
+        # refused here or plan the same), device_map strategies in every fifth, cache implementations in every
+        # seventh (spread over budgets and contexts); the rest is searched everywhere.
         pinned: dict[str, Any] = {"max_memory": budget, "context": context, "reserve": 0}
+        if i % 7 != 3:
+            pinned |= {"cache_implementation": None}
         if i % 10:
             pinned |= {"attn_implementation": "sdpa", "use_kernels": False}
         if i % 5:

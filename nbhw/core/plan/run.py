@@ -310,6 +310,25 @@ def _notes(model: Any, target: str, kernels: dict[str, int], devices: int) -> li
     return notes
 
 
+def _cache_notes(cache: Any) -> list[str]:
+    """What the one decode step can't show of the cache generate() made (a quantized or offloaded cache)."""
+    layers = [layer for part in _parts(cache) for layer in getattr(part, "layers", [])]
+    residual = next((layer.residual_length for layer in layers if hasattr(layer, "residual_length")), None)
+    notes = []
+    if residual is not None:
+        notes.append(
+            f"the quantized cache keeps up to {residual} recent tokens (residual_length) in full precision before "
+            "quantizing them; the decode step measured holds one, so the cache reaches up to that many tokens' "
+            "full-precision keys and values more between flushes"
+        )
+    if any(getattr(part, "offloading", False) for part in _parts(cache)):
+        notes.append(
+            "the offloaded cache's host copies are counted at their tensors' size; pinned host memory (what a "
+            "non_blocking copy to the CPU lands in) rounds each block up to a power of two and keeps freed blocks"
+        )
+    return notes
+
+
 def _extra_inputs(inputs: tuple[tuple[str, Any], ...], dev: Any, dtype: Any) -> dict[str, Any]:
     """Extra generate() inputs named by shape (e.g. pixel_values), as zeros on the run's device."""
     import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
@@ -382,7 +401,8 @@ class _DryRun:
         cache = outputs.get("cache")
         found: dict[str, Any] = {"parts": cache_parts(cache), "classes": _layer_classes(cache),
                                  "cache_class": type(cache).__name__ if cache is not None else "none",
-                                 "cache_on": dryrun.bytes_by_device(track, cache)}  # fmt: skip
+                                 "cache_on": dryrun.bytes_by_device(track, cache),
+                                 "cache_notes": _cache_notes(cache)}  # fmt: skip
         self.step = "the decode step"
         kwargs = model._update_model_kwargs_for_generation(outputs, kwargs, is_encoder_decoder=self.encoder_decoder)
         # generate(): a float32 copy of the last position's logits, argmax, append; `outputs` stays alive meanwhile.
@@ -461,7 +481,8 @@ class _DryRun:
             cross_cache_bytes=cross, activation_bytes=max(prefill - weights - held, 0), prefill_peak_bytes=prefill,
             decode_peak_bytes=decode, cache_class=found["cache_class"], layer_classes=found["classes"],
             kernels=kernels, logits_to_keep=self.keep, target=s.target, devices=devices,
-            not_covered=_notes(self.model, s.target, kernels, len(devices)), seconds=time.perf_counter() - started,
+            not_covered=_notes(self.model, s.target, kernels, len(devices)) + found["cache_notes"],
+            seconds=time.perf_counter() - started,
         )  # fmt: skip
         return _Run(estimate, timeline, list(track.devices))
 
