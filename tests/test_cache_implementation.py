@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +18,7 @@ import nbhw
 from nbhw.__main__ import main
 from nbhw.core.errors import UserError
 from nbhw.core.hf.meta_build import quiet
+from nbhw.core.hf.tiny_model import tiny_model_path
 from tests import families
 from tests.realrun import real_generate
 from tests.test_run import config_only, saved
@@ -124,11 +127,21 @@ def test_the_solver_offloads_the_cache_when_the_device_cant_hold_it(tmp_path: Pa
     assert host.held_cache_bytes > device.held_cache_bytes // 2  # most layers wait in host memory
 
 
-def test_the_emitted_cell_generates_with_the_cache_it_names(llama: str) -> None:
+def test_the_emitted_cell_generates_with_the_cache_it_names() -> None:
     pytest.importorskip("optimum.quanto")
-    code = nbhw.plan(llama, device_map="cpu", context=CONTEXT, cache_implementation="quantized").code
+    model = str(tiny_model_path())
+    code = nbhw.plan(model, device_map="cpu", cache_implementation="quantized").code
     call = re.search(r"outputs = model\.generate\((.*)\)", code)
     assert call is not None and call.group(1) == '**inputs, max_new_tokens=20, cache_implementation="quantized"'
+    namespace: dict[str, Any] = {}
+    with contextlib.redirect_stdout(io.StringIO()) as out, quiet():
+        exec(compile(code, "<nbhw cell>", "exec"), namespace)
+    assert namespace["outputs"].shape[1] > namespace["inputs"]["input_ids"].shape[1] and out.getvalue().strip()
+    if not torch.cuda.is_available():  # the cell's keyword reaches generate(): offloaded fails on the CPU as planned
+        offloaded = nbhw.plan(model, device_map="cpu", cache_implementation="offloaded")
+        assert "Torch not compiled with CUDA enabled" in str(offloaded.dry_run.problem)
+        with pytest.raises(AssertionError, match="Torch not compiled with CUDA enabled"), quiet():
+            exec(compile(offloaded.code, "<nbhw cell>", "exec"), {})
 
 
 # ---------------------------------------------------------------- bad input
