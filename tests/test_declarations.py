@@ -42,6 +42,7 @@ SHOWN = {
     "attn_implementation": "eager",
     "use_kernels": True,
     "quantization": "4bit",
+    "cache_implementation": "offloaded",  # a generate() keyword: the cell's generate call writes it
     # The run's size: not from_pretrained keywords, so nothing in the cell changes (no `emits`). The tiny model
     # takes 256 positions and is decoder-only (an encoder length would be a mistake for it).
     "context": "200",
@@ -105,13 +106,17 @@ def test_every_control_of_the_load_tab_is_a_declared_argument() -> None:
 
 
 def emitted(**values: Any) -> set[str]:
-    """The keywords of the cell's ``model = ....from_pretrained(model_id, ...)``."""
+    """The keywords of the cell's ``model = ....from_pretrained(model_id, ...)`` and ``model.generate(...)``
+    (past the ``max_new_tokens`` of its try-it call)."""
     args = PlanArgs(**values)
     arguments = codegen.call_arguments(args, config_dtype=None, default_device="cpu")
     tree = ast.parse(codegen.cell("m", "AutoModelForCausalLM", arguments))
-    assign = next(n for n in tree.body if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "model")
-    assert isinstance(assign.value, ast.Call)
-    return {k.arg for k in assign.value.keywords if k.arg}
+    found = set()
+    for target in ("model", "outputs"):
+        assign = next(n for n in tree.body if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == target)
+        assert isinstance(assign.value, ast.Call)
+        found |= {k.arg for k in assign.value.keywords if k.arg}
+    return found - {"max_new_tokens"}
 
 
 def test_the_emitted_keywords_are_the_declared_ones() -> None:

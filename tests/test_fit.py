@@ -114,8 +114,11 @@ def test_solver_equals_brute_force_on_the_grid(folders: dict[str, str]) -> None:
         n = needs[(model, context)]
         budget = {k: int(share * n) for k, share in BUDGETS[budget_name].items()}
         # To keep the grid quick: attention and kernels are searched in every tenth case (their other options are
-        # refused here or plan the same), device_map strategies in every fifth; the rest is searched everywhere.
+        # refused here or plan the same), device_map strategies in every fifth, cache implementations in every
+        # seventh (spread over budgets and contexts); the rest is searched everywhere.
         pinned: dict[str, Any] = {"max_memory": budget, "context": context, "reserve": 0}
+        if i % 7 != 3:
+            pinned |= {"cache_implementation": None}
         if i % 10:
             pinned |= {"attn_implementation": "sdpa", "use_kernels": False}
         if i % 5:
@@ -152,7 +155,9 @@ def llama70b(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def test_an_impossible_request_is_an_answer_not_an_exception(llama70b: str) -> None:
     # a 70B at 128k on one T4: the prefill's logits alone (131,072 x 128,256 x 4 B) are over any 15 GiB device
-    result = nbhw.fit(llama70b, context="128k", max_memory={0: "15GiB"}, accelerators_only=True)
+    # the cache pinned: searching the three caches plans three times the 70B-sized dry runs when nothing fits
+    result = nbhw.fit(llama70b, context="128k", max_memory={0: "15GiB"}, accelerators_only=True,
+                      cache_implementation=None)  # fmt: skip
     assert result.plan is None and result.code is None
     assert result.rejected and all(r.reason for r in result.rejected[:50])
     assert "nothing fits" in result.text() and result.to_dict()["fits"] is False

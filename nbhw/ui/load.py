@@ -306,7 +306,7 @@ def _control(name: str) -> Any:
     return locked(getattr(_ipywidgets(), name))
 
 
-FIT_TIP = "search dtype, quantization, attention, kernels and device_map for what fits this context and budget"
+FIT_TIP = "search dtype, quantization, cache, attention, kernels and device_map for what fits this context and budget"
 
 
 def _fitted(form: Form) -> tuple[Form, str]:

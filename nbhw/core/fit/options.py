@@ -1,18 +1,29 @@
 """The options the solver searches, and the one order they are ranked by (stated here once; README says the same).
 
-An option is one way to call ``from_pretrained``: dtype, quantization, attn_implementation, use_kernels, the
-device_map strategy and a share of each accelerator's budget (``max_memory``). Options are ranked by, in turn:
+An option is one way to call ``from_pretrained`` (dtype, quantization, attn_implementation, use_kernels, the
+device_map strategy and a share of each accelerator's budget, ``max_memory``) and ``generate`` (its
+cache_implementation). Options are ranked by, in turn:
 
 1. **where the layers are**: every layer on accelerators, then with CPU offload, then with disk offload
    (a budget with no accelerator at all counts the CPU as the device);
 2. **precision**: the checkpoint's dtype, then smaller floating dtypes, then 8-bit, then 4-bit quantization;
-3. **attention**: faster before slower (:data:`ATTENTION_ORDER`);
-4. **kernels**: use_kernels off, then on (its Hub downloads are not checked before load);
-5. **device_map strategy**, in the order transformers lists them (auto first);
-6. **memory share**: each accelerator's whole budget, then less (:data:`MEMORY_SHARES`), leaving room for the run.
+3. **cache**: the model's own cache (full precision, on the device), then an offloaded cache, then a quantized
+   cache (:data:`CACHE_ORDER`);
+4. **attention**: faster before slower (:data:`ATTENTION_ORDER`);
+5. **kernels**: use_kernels off, then on (its Hub downloads are not checked before load);
+6. **device_map strategy**, in the order transformers lists them (auto first);
+7. **memory share**: each accelerator's whole budget, then less (:data:`MEMORY_SHARES`), leaving room for the run.
+
+Why the cache comes after the weights' precision and before attention: an offloaded cache loses nothing (it costs
+decode speed: each layer's keys and values cross to the host and back every token), and a quantized cache
+loses precision only in the cached keys and values (the recent tokens stay full precision), where quantizing the
+weights changes every computation; so every weight precision is tried with each cache before the next, lower
+precision. Offloaded comes before quantized for the same reason (slower, but exact). A cache choice changes only
+the run, never where the layers go, so stage 1 (layers on accelerators) still beats any cache on a smaller stage.
 
 The first option that fits by this order is the answer. Every list is read at run time from what transformers
-offers (its attention registry, its device_map strategies, the quantization words a plan takes).
+offers (its attention registry, its device_map strategies, its cache implementations, the quantization words a plan
+takes).
 """
 
 from __future__ import annotations
@@ -21,7 +32,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from nbhw.core.plan.arguments import QUANTIZATION, MemoryKey, strategy_names
+from nbhw.core.plan.arguments import QUANTIZATION, MemoryKey, cache_implementations, strategy_names
 
 # Where the layers are, best first: the placement kinds of a weights-only placement (nbhw.core.plan.placement).
 WHERE = ("on accelerators", "with CPU offload", "with disk offload")
@@ -31,6 +42,9 @@ WHERE_OF_KIND = {"one_device": 0, "split": 0, "cpu_offload": 1, "disk": 2}
 ATTENTION_ORDER = ("flash_attention_3", "flash_attention_2", "sdpa", "eager")
 SMALLER_DTYPES = ("bfloat16", "float16")  # tried below a float32 checkpoint's own dtype, in this order
 QUANTIZATION_ORDER = ("8bit", "4bit")  # higher precision first
+# cache_implementation words, best first (None: the model's own cache, what generate() makes unasked); another one
+# transformers lists (static, offloaded_static) is only searched when you pin it: neither holds less than these.
+CACHE_ORDER = (None, "offloaded", "quantized")
 MEMORY_SHARES = (1.0, 0.85, 0.7, 0.55)
 KERNELS = (False, True)
 ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
@@ -46,10 +60,13 @@ class Option:
     use_kernels: bool
     device_map: Any
     share: float = 1.0
+    cache_implementation: str | None = None
 
     def words(self) -> str:
         """The option as a person reads it: 'bfloat16, 4bit, sdpa, device_map=auto, 70% of each accelerator'."""
         parts = [self.dtype if self.quantization is None else f"{self.quantization} ({self.dtype} compute)"]
+        if self.cache_implementation is not None:
+            parts.append(f"cache_implementation={self.cache_implementation}")
         parts.append(f"attn_implementation={self.attn_implementation or 'default'}")
         if self.use_kernels:
             parts.append("use_kernels=True")
@@ -80,6 +97,14 @@ def precisions(checkpoint_dtype: str, pinned: dict[str, Any]) -> list[tuple[str,
     return [(d, None) for d in dtypes] + [(dtypes[0], q) for q in quantized]
 
 
+def caches(pinned: dict[str, Any]) -> list[str | None]:
+    """cache_implementation values: the pinned one, else CACHE_ORDER's that transformers' generate() takes here."""
+    if "cache_implementation" in pinned:
+        return [pinned["cache_implementation"]]
+    offered = cache_implementations()
+    return [c for c in CACHE_ORDER if c is None or c in offered]
+
+
 def strategies(pinned: dict[str, Any]) -> list[Any]:
     """device_map values: the pinned one, else transformers' strategies in its own order."""
     return [pinned["device_map"]] if "device_map" in pinned else list(strategy_names())
@@ -92,14 +117,14 @@ def shares(has_budget: bool) -> tuple[float, ...]:
 
 
 def options(checkpoint_dtype: str, pinned: dict[str, Any], *, has_budget: bool) -> list[Option]:
-    """Every option, in the documented order of precision, attention, kernels, strategy and share."""
+    """Every option, in the documented order of precision, cache, attention, kernels, strategy and share."""
     attns = [pinned["attn_implementation"]] if "attn_implementation" in pinned else list(attention_words())
     kernels = [pinned["use_kernels"]] if "use_kernels" in pinned else list(KERNELS)
     found = []
-    for (dtype, quant), attn, kern, strategy, share in itertools.product(
-        precisions(checkpoint_dtype, pinned), attns, kernels, strategies(pinned), shares(has_budget)
+    for (dtype, quant), cache, attn, kern, strategy, share in itertools.product(
+        precisions(checkpoint_dtype, pinned), caches(pinned), attns, kernels, strategies(pinned), shares(has_budget)
     ):
-        found.append(Option(dtype, quant, attn, kern, strategy, share))
+        found.append(Option(dtype, quant, attn, kern, strategy, share, cache))
     return found
 
 

@@ -149,7 +149,7 @@ class Search:
     def values(self, option: Option) -> dict[str, Any]:
         values = {**self.pinned, "dtype": option.dtype, "quantization": option.quantization,
                   "attn_implementation": option.attn_implementation, "use_kernels": option.use_kernels,
-                  "device_map": option.device_map}  # fmt: skip
+                  "device_map": option.device_map, "cache_implementation": option.cache_implementation}  # fmt: skip
         if option.share < 1.0 and self.budget is not None:
             values["max_memory"] = memory_for(option.share, self.budget)
         return values

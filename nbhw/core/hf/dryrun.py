@@ -23,6 +23,7 @@ import contextlib
 import copy
 import itertools
 import threading
+import weakref
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache, lru_cache
@@ -326,9 +327,38 @@ def _storage_key(tensor: torch.Tensor) -> int:
     return int(tensor.untyped_storage()._cdata)
 
 
+# Storages that stand in for memory a dry run can't hold on the meta device (a copy in host memory): storage key ->
+# (the device counted, the bytes they stand for). Registered by :func:`stand_in`, dropped when the tensor is freed.
+_ELSEWHERE: dict[int, tuple[Hashable, int]] = {}
+
+
+def stand_in(track: Any, tensor: torch.Tensor, device: Hashable, nbytes: int) -> None:
+    """Count ``tensor`` (a stand-in of a few bytes, made outside the tracker) as ``nbytes`` on ``device`` while it
+    lives: in the tracker's totals, in :func:`storage_bytes` and in :func:`bytes_by_device`."""
+    key, index = _storage_key(tensor), track.index(device)
+    _ELSEWHERE[key] = (device, nbytes)
+    track.totals[index] += nbytes
+
+    def freed() -> None:
+        _ELSEWHERE.pop(key, None)
+        track.totals[index] -= nbytes
+
+    weakref.finalize(tensor, freed)
+
+
+def stood_in(tensor: torch.Tensor) -> tuple[Hashable, int] | None:
+    """The device and bytes a stand-in counts for (None: an ordinary tensor)."""
+    return _ELSEWHERE.get(_storage_key(tensor)) if _ELSEWHERE else None
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    found = stood_in(tensor)
+    return tensor.untyped_storage().nbytes() if found is None else found[1]
+
+
 def storage_bytes(tensors: list[torch.Tensor]) -> int:
     """Bytes of the distinct storages behind ``tensors``."""
-    return sum({_storage_key(t): t.untyped_storage().nbytes() for t in tensors}.values())
+    return sum({_storage_key(t): _nbytes(t) for t in tensors}.values())
 
 
 def tensors_of(obj: Any) -> list[torch.Tensor]:
@@ -340,7 +370,12 @@ def _tensors(obj: Any, seen: set[int], t: SimpleNamespace) -> Iterator[torch.Ten
     if id(obj) in seen or obj is None or isinstance(obj, (*t.scalars, type)):
         return
     seen.add(id(obj))
-    if isinstance(obj, t.Tensor):
+    if isinstance(obj, t.Tensor) and type(obj) is not t.Tensor and hasattr(obj, "__tensor_flatten__"):
+        # A wrapper subclass (optimum-quanto's quantized tensors) keeps its bytes in the inner tensors it names.
+        names, _ = obj.__tensor_flatten__()
+        for name in names:
+            yield from _tensors(getattr(obj, name), seen, t)
+    elif isinstance(obj, t.Tensor):
         yield obj
     elif isinstance(obj, dict):
         for value in obj.values():
@@ -357,8 +392,9 @@ def bytes_by_device(track: Any, obj: Any) -> dict[Hashable, int]:
     """The storages ``obj`` holds, by the device the tracker counted each on."""
     found: dict[Hashable, dict[int, int]] = {}
     for tensor in tensors_of(obj):
-        device = track.device_of(tensor)
-        found.setdefault(device, {})[_storage_key(tensor)] = tensor.untyped_storage().nbytes()
+        elsewhere = stood_in(tensor)
+        device = track.device_of(tensor) if elsewhere is None else elsewhere[0]
+        found.setdefault(device, {})[_storage_key(tensor)] = _nbytes(tensor)
     return {device: sum(sizes.values()) for device, sizes in found.items()}
 
 

@@ -172,6 +172,24 @@ def check_quantization(value: Any) -> str | None:
     return check_method(value)
 
 
+def cache_implementations() -> tuple[str, ...]:
+    """The cache_implementation words generate() takes, read from transformers (its deprecated aliases left out)."""
+    # lazy: import nbhw and %load_ext nbhw stay free of transformers
+    from transformers.generation import configuration_utils as generation
+
+    return (*generation.DYNAMIC_CACHE_IMPLEMENTATIONS, *generation.STATIC_CACHE_IMPLEMENTATIONS)
+
+
+def check_cache_implementation(value: Any) -> str | None:
+    """A cache_implementation transformers' generate() takes (dynamic, offloaded, quantized, static, ...), or None."""
+    if value is None:
+        return None
+    valid = cache_implementations()
+    if value not in valid:
+        raise one_of("cache_implementation", value, valid)
+    return str(value)
+
+
 # ---------------------------------------------------------------- max_memory
 
 
@@ -369,6 +387,11 @@ class PlanArgs:
         emits="quantization_config",
         help="quantize the weights on load: 4bit or 8bit (bitsandbytes), or a method transformers quantizes on load "
         "with (torchao, quanto, ...; %hw quantization lists them)",
+    )  # fmt: skip
+    cache_implementation: str | None = argument(
+        metavar="IMPL", check=check_cache_implementation, control="dropdown", emits="cache_implementation",
+        help="the cache generate() makes: dynamic (the default), offloaded (layers not in use kept in host memory), "
+        "quantized (optimum-quanto, recent tokens kept in full precision), static, offloaded_static",
     )  # fmt: skip
     # The run: what generating needs besides the weights. Not from_pretrained keywords, so the cell is the same.
     context: int | None = argument(

@@ -35,6 +35,7 @@ class Arguments:
     needs_torch: bool = False
     names: list[str] = field(default_factory=list)  # more names the cell imports from transformers
     imports: list[str] = field(default_factory=list)  # more import lines (a method's own package)
+    generate: list[tuple[str, str]] = field(default_factory=list)  # generate() keywords (the cache it makes)
 
 
 def _device_map_is(device_map: Any, device: str) -> bool:
@@ -93,6 +94,11 @@ def _quantization(args: PlanArgs, ctx: Context, out: Arguments) -> None:
         out.needs_torch = out.needs_torch or source.needs_torch
 
 
+def _cache_implementation(args: PlanArgs, ctx: Context, out: Arguments) -> None:
+    if args.cache_implementation is not None:
+        out.generate.append(("cache_implementation", py_str(args.cache_implementation)))
+
+
 # The from_pretrained keyword of each argument that declares one (`emits`), written in declaration order.
 EMITTERS: dict[str, Callable[[PlanArgs, Context, Arguments], None]] = {
     "dtype": _dtype,
@@ -101,6 +107,7 @@ EMITTERS: dict[str, Callable[[PlanArgs, Context, Arguments], None]] = {
     "attn_implementation": _attn_implementation,
     "use_kernels": _use_kernels,
     "quantization": _quantization,
+    "cache_implementation": _cache_implementation,
 }
 
 
@@ -138,14 +145,17 @@ def cell(model: str, auto_class: str, arguments: Arguments) -> str:
         f"{var} = {preprocessor}.from_pretrained(model_id)",
         _call("model", f"{auto_class}.from_pretrained", "model_id", arguments.kwargs),
     ]
+    generate = "".join(f", {k}={v}" for k, v in arguments.generate)
     if auto_class in GENERATE:
         lines += [
             "",
             "# Try it: generate a few tokens",
             'inputs = tokenizer("Hello, my name is", return_tensors="pt").to(model.device)',
-            "outputs = model.generate(**inputs, max_new_tokens=20)",
+            f"outputs = model.generate(**inputs, max_new_tokens=20{generate})",
             "print(tokenizer.decode(outputs[0], skip_special_tokens=True))",
         ]
+    else:  # every later generate() call takes them from the model's generation config
+        lines += [f"model.generation_config.{k} = {v}" for k, v in arguments.generate]
     source = "\n".join(lines) + "\n"
     ast.parse(source)  # a bug here must never reach a user's notebook as a broken cell
     return source

@@ -34,7 +34,7 @@ from nbhw.core.hardware.who_picks import from_pretrained_default
 from nbhw.core.hf import meta_build
 from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.core.plan import run
-from nbhw.core.plan.arguments import NO_DEVICE_MAP, PLAN_ARGUMENTS, strategy_names
+from nbhw.core.plan.arguments import NO_DEVICE_MAP, PLAN_ARGUMENTS, cache_implementations, strategy_names
 from nbhw.core.plan.load_plan import LoadPlan, plan
 from nbhw.core.plan.placement import DeviceShare, Placement, device_name, layer_names, live_memory
 
@@ -374,6 +374,13 @@ def _target_options(hardware: Hardware, advice: AttentionAdvice) -> tuple[list[O
     return target_options(), note
 
 
+def _cache_options(hardware: Hardware, advice: AttentionAdvice) -> tuple[list[Option], str]:
+    options = [Option(None, "default (the model's own, usually dynamic)")]
+    for impl in cache_implementations():
+        options.append(Option(impl, impl))
+    return options, "the cache generate() makes; the run counts it (an offloaded cache's host copies on the CPU)"
+
+
 # What each dropdown offers here, and the note beside it, by argument name (a test checks every dropdown has one).
 OPTIONS: dict[str, Callable[[Hardware, AttentionAdvice], tuple[list[Option], str]]] = {
     "target": _target_options,
@@ -381,6 +388,7 @@ OPTIONS: dict[str, Callable[[Hardware, AttentionAdvice], tuple[list[Option], str
     "device_map": _device_options,
     "attn_implementation": _attention_options,
     "quantization": _quantization_options,
+    "cache_implementation": _cache_options,
 }
 
 

@@ -303,7 +303,9 @@ class LoadPlan(Shown):
         if model is None:
             return None
         try:
-            return run.run_estimate(model, batch=1, context=max(tokens, 2), target=self.run_target).cache_decode_bytes
+            found = run.run_estimate(model, batch=1, context=max(tokens, 2), target=self.run_target,
+                                     generation=run_plan.generation(self))  # fmt: skip
+            return found.cache_decode_bytes
         except run.DryRunError:
             return None
 

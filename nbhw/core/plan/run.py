@@ -28,7 +28,7 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from nbhw.core.hf import depth, dryrun, meta_build
+from nbhw.core.hf import depth, dryrun, meta_build, offloading
 from nbhw.core.plan import run_depth
 
 # A prefill plus one decode step dispatches 11-16 ops per module whatever the context (measured: Llama-70B 11.7,
@@ -311,6 +311,25 @@ def _notes(model: Any, target: str, kernels: dict[str, int], devices: int) -> li
     return notes
 
 
+def _cache_notes(cache: Any) -> list[str]:
+    """What the one decode step can't show of the cache generate() made (a quantized or offloaded cache)."""
+    layers = [layer for part in _parts(cache) for layer in getattr(part, "layers", [])]
+    residual = next((layer.residual_length for layer in layers if hasattr(layer, "residual_length")), None)
+    notes = []
+    if residual is not None:
+        notes.append(
+            f"the quantized cache keeps up to {residual} recent tokens (residual_length) in full precision before "
+            "quantizing them; the decode step measured holds one, so the cache reaches up to that many tokens' "
+            "full-precision keys and values more between flushes"
+        )
+    if any(getattr(part, "offloading", False) for part in _parts(cache)):
+        notes.append(
+            "the offloaded cache's host copies are counted at their tensors' size; pinned host memory (what a "
+            "non_blocking copy to the CPU lands in) rounds each block up to a power of two and keeps freed blocks"
+        )
+    return notes
+
+
 def _extra_inputs(inputs: tuple[tuple[str, Any], ...], dev: Any, dtype: Any) -> dict[str, Any]:
     """Extra generate() inputs named by shape (e.g. pixel_values), as zeros on the run's device."""
     import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
@@ -333,7 +352,8 @@ class _DryRun:
     def __init__(self, model: Any, sizes: Sizes, widen: bool = True) -> None:
         self.full, self.sizes = model, sizes
         self.device_map = dict(sizes.device_map)
-        plain = widen and not sizes.inputs and model.can_generate()
+        # An offloaded cache moves layers by their position (the prefetch circles back to the first): all run.
+        plain = widen and not sizes.inputs and model.can_generate() and not offloading.asks_offloading(sizes.generation)
         # A deep model runs with a few of its decoder layers, widened to its depth after (see run_depth).
         self.shallow = run_depth.shallow(model, self.device_map, plain=plain, cast=apply_dtype_plan)
         if self.shallow is not None:
@@ -385,6 +405,7 @@ class _DryRun:
         ids, kwargs = self.kwargs()
         self.step = "creating the cache"
         created = new_cache(model, self.gen, kwargs, s.batch, s.context)
+        offloading.stand_in_streams(kwargs.get("cache"), s.target)
         if self.shallow is not None:  # a cache layer may allocate when it is made (a window scalar, a static cache)
             self.created = (len(track.timeline), run_depth.cache_layers(created, track, _state_tensors))
         kwargs["use_cache"] = self.gen.use_cache
@@ -393,7 +414,8 @@ class _DryRun:
         cache = outputs.get("cache")
         found: dict[str, Any] = {"parts": cache_parts(cache), "classes": _layer_classes(cache),
                                  "cache_class": type(cache).__name__ if cache is not None else "none",
-                                 "cache_on": dryrun.bytes_by_device(track, cache)}  # fmt: skip
+                                 "cache_on": dryrun.bytes_by_device(track, cache),
+                                 "cache_notes": _cache_notes(cache)}  # fmt: skip
         if self.shallow is not None:
             found["layers"] = run_depth.cache_layers(cache, track, _state_tensors)
         self.step = "the decode step"
@@ -424,6 +446,8 @@ class _DryRun:
                 "loop over tokens or chunks on this device (the kernel a GPU would use is not available to a meta "
                 "run), so a dry run at this context would take minutes; smaller contexts are measured"
             ) from exc
+        except offloading.Refused as exc:
+            raise DryRunError(str(exc)) from exc
         except Exception as exc:
             why = " ".join(str(exc).split())
             raise DryRunError(f"{self.step} failed on the meta device: {type(exc).__name__}: {why}") from exc
@@ -465,6 +489,9 @@ class _DryRun:
             dryrun.attention_as_on(self.sizes.target) as routed,
             dryrun.placed(self.model, self.device_map, self.tracker) as first,
             self._layer_starts(),
+            offloading.host_copies(self.tracker)
+            if offloading.asks_offloading(self.sizes.generation)
+            else contextlib.nullcontext(),
             self.tracker,
         ):
             self.tracker.now = self.tracker.index(first)
@@ -516,7 +543,8 @@ class _DryRun:
             cross_cache_bytes=cross, activation_bytes=max(prefill - weights - held, 0), prefill_peak_bytes=prefill,
             decode_peak_bytes=decode, cache_class=found["cache_class"], layer_classes=found["classes"],
             kernels=kernels, logits_to_keep=self.keep, target=s.target, devices=devices,
-            not_covered=_notes(self.model, s.target, kernels, len(devices)), seconds=time.perf_counter() - started,
+            not_covered=_notes(self.model, s.target, kernels, len(devices)) + found["cache_notes"],
+            seconds=time.perf_counter() - started,
         )  # fmt: skip
         return _Run(estimate, timeline, list(track.devices))
 

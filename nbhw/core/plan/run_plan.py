@@ -139,6 +139,12 @@ class Outcome:
     problem: str | None = None
 
 
+def generation(plan: Any) -> dict[str, Any] | None:
+    """The generate() options a plan's dry runs pass (the cache it asks for)."""
+    impl = plan.args.cache_implementation
+    return None if impl is None else {"cache_implementation": impl}
+
+
 def dry_run(plan: Any) -> Outcome:
     """generate()'s prefill and one decode step at the plan's batch and context, on its placement (meta device)."""
     model, placement = plan.meta_model, plan.weight_placement
@@ -149,7 +155,7 @@ def dry_run(plan: Any) -> Outcome:
     try:
         found = run.run_estimate(
             model, batch=plan.batch, context=plan.context, encoder_tokens=plan.args.encoder_length,
-            target=plan.run_target, device_map=dict(placement.device_map),
+            target=plan.run_target, device_map=dict(placement.device_map), generation=generation(plan),
         )  # fmt: skip
     except run.DryRunError as exc:
         return Outcome(None, str(exc))
@@ -186,7 +192,8 @@ def with_run(plan: Any) -> Placement | None:
     if placement is None or placement.kind in ("none", "too_big"):
         return placement
     if outcome.run is None:
-        verdict = f"weights only: {_where(placement)}; the run is not covered (see the estimate)"
+        why = f": {outcome.problem}" if outcome.problem else " (see the estimate)"
+        verdict = f"weights only: {_where(placement)}; the run is not covered{why}"
         return replace(placement, verdict=verdict, run_kind="not_covered")
     shares = run_shares(plan)
     over = [s for s in shares if s.over_bytes is not None and s.over_bytes > 0]
@@ -277,6 +284,7 @@ def context_fit(plan: Any) -> Fit | None:
         return run.max_context(
             plan.meta_model, limits(plan, outcome), batch=plan.batch, target=plan.run_target, start=plan.context,
             device_map=dict(plan.weight_placement.device_map), encoder_tokens=plan.args.encoder_length,
+            generation=generation(plan),
         )  # fmt: skip
     except run.DryRunError:
         return None  # a loop over tokens at a longer context: the plan's own context is what is covered
@@ -294,7 +302,7 @@ def batch_fit(plan: Any) -> Fit | None:
         return run.max_batch(
             plan.meta_model, limits(plan, outcome), context=plan.context, target=plan.run_target,
             device_map=dict(plan.weight_placement.device_map), encoder_tokens=plan.args.encoder_length,
-            limit=BATCH_LIMIT,
+            limit=BATCH_LIMIT, generation=generation(plan),
         )  # fmt: skip
     except run.DryRunError:
         return None

@@ -1,0 +1,152 @@
+"""transformers' offloaded cache run on the meta device: stand-ins only where the accelerator meets the host.
+
+``cache_implementation="offloaded"`` makes ``DynamicCache(offloading=True)`` (transformers 5.24, ``Cache.update``):
+every update waits on ``torch.cuda.default_stream(device)`` and the cache's prefetch stream, prefetches the next
+offloaded layer to the device (``layer.prefetch()``: ``keys.to(device, non_blocking=True)``), runs the layer's own
+update, then copies the layer to the host (``layer.offload()``: ``keys.to("cpu", non_blocking=True)``). That code
+runs for real in a dry run, so transformers decides which layer is where and when (sliding layers stay on the
+device, the prefetch circles back to the first layer). Only the boundary stands in:
+
+- **streams**: the cache's prefetch stream and ``torch.cuda.default_stream`` order nothing (meta tensors have no
+  work to wait for) for a CUDA target; for another target ``torch.cuda.default_stream`` is asked for real with the
+  target's device, so the plan says what torch says there (on a CPU-only torch: "Torch not compiled with CUDA
+  enabled", which a real ``generate()`` on the CPU raises too);
+- **copies**: a meta tensor sent to the CPU becomes a CPU tensor of its shape and dtype backed by one element,
+  counted as its full bytes on "cpu" while it lives (:func:`nbhw.core.hf.dryrun.stand_in`); such a tensor sent
+  back becomes a new meta tensor on the device that runs (counted by the tracker as any op's output).
+
+The copy of ``update`` whose globals name the stand-in ``torch.cuda`` is bound to the cache object itself: no
+module or class attribute changes. Not covered: a D2H ``non_blocking`` copy lands in pinned host memory, whose
+caching allocator rounds each block up to a power of two and keeps freed blocks; the host figure is the tensors'.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from collections.abc import Hashable, Iterator
+from functools import cache
+from typing import Any
+
+from nbhw.core.hf import dryrun
+from nbhw.core.hf.as_if import _Namespace
+
+OFFLOADED = ("offloaded", "offloaded_static")  # the cache_implementation words whose caches offload to the host
+HOST: Hashable = "cpu"
+
+
+class Refused(RuntimeError):
+    """The target's torch refuses what the offloaded cache asks of it (no CUDA streams there)."""
+
+
+def asks_offloading(generation: tuple[tuple[str, Any], ...]) -> bool:
+    """Whether a dry run's generate() options ask for an offloaded cache."""
+    return dict(generation).get("cache_implementation") in OFFLOADED
+
+
+class _Stream:
+    """A stream on the meta device: waits and contexts order nothing, as there is no work to order."""
+
+    def wait_stream(self, other: Any) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+    def __enter__(self) -> _Stream:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _torch_view(target: str) -> Any:
+    import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
+
+    def default_stream(device: Any = None) -> Any:
+        if target == "cuda":
+            return _Stream()
+        try:
+            return torch.cuda.default_stream(torch.device(target))
+        except Exception as exc:
+            why = " ".join(str(exc).split())
+            raise Refused(
+                f"the offloaded cache fails on {target}: transformers' Cache.update waits on "
+                f"torch.cuda.default_stream() in every update ({type(exc).__name__}: {why})"
+            ) from exc
+
+    cuda = _Namespace("torch.cuda", {"default_stream": default_stream}, fallback=torch.cuda)
+    return _Namespace("torch", {"cuda": cuda}, fallback=torch)
+
+
+def _parts(found: Any) -> list[Any]:
+    if hasattr(found, "self_attention_cache"):
+        return [found.self_attention_cache, found.cross_attention_cache]
+    return [found] if found is not None else []
+
+
+def stand_in_streams(found: Any, target: str) -> None:
+    """Give each offloading part of a cache (made by transformers) stand-in streams for ``target``."""
+    for part in _parts(found):
+        if not getattr(part, "offloading", False):
+            continue
+        part.prefetch_stream = _Stream()
+        update = type(part).update
+        globals_ = {**update.__globals__, "torch": _torch_view("cuda" if target == "cuda" else "cpu")}
+        copied = types.FunctionType(update.__code__, globals_, update.__name__, update.__defaults__,
+                                    update.__closure__)  # fmt: skip
+        part.update = types.MethodType(copied, part)
+
+
+def _device_asked(args: Any, kwargs: dict[str, Any]) -> Any:
+    """The device a ``Tensor.to(...)`` call names (None: a dtype or another tensor only)."""
+    import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
+
+    found = kwargs.get("device", args[0] if args else None)
+    if isinstance(found, str | int):
+        return torch.device(found)
+    return found if isinstance(found, torch.device) else None
+
+
+class _HostCopies:
+    """The methods of :func:`host_copies`'s mode (a TorchFunctionMode, made on first use)."""
+
+    def __init__(self, track: Any) -> None:
+        super().__init__()
+        self.track = track
+        self.copies = 0
+
+    def __torch_function__(self, func: Any, types_: Any, args: Any = (), kwargs: Any = None) -> Any:
+        import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
+
+        kwargs = kwargs or {}
+        if func is torch.Tensor.to and args and isinstance(args[0], torch.Tensor):
+            tensor, device = args[0], _device_asked(args[1:], kwargs)
+            if device is not None and device.type != "cpu" and dryrun.stood_in(tensor) is not None:
+                return torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")  # back on the running device
+            if device is not None and device.type == "cpu" and tensor.device.type == "meta":
+                return self.to_host(tensor)
+        return func(*args, **kwargs)
+
+    def to_host(self, tensor: Any) -> Any:
+        import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
+
+        with torch.utils._python_dispatch._disable_current_modes():
+            copy = torch.empty((1,) * tensor.dim(), dtype=tensor.dtype).expand(tensor.shape)
+        dryrun.stand_in(self.track, copy, HOST, tensor.numel() * tensor.element_size())
+        self.copies += 1
+        return copy
+
+
+@cache
+def _host_copies_class() -> type:
+    from torch.overrides import TorchFunctionMode  # lazy: import nbhw and %load_ext nbhw stay free of torch
+
+    return type("HostCopies", (_HostCopies, TorchFunctionMode), {"__module__": __name__})
+
+
+@contextlib.contextmanager
+def host_copies(track: Any) -> Iterator[Any]:
+    """Within the block, meta tensors copied to the CPU (and back) are counted on "cpu" by ``track``."""
+    with _host_copies_class()(track) as mode:
+        yield mode
