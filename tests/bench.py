@@ -17,7 +17,8 @@ run is a fresh process, and each kernel round a fresh Jupyter kernel. Sections:
 - run: tests/bench_run.py: a Llama-3.1-70B-sized config at 32k tokens on 2 x 80 GiB, the plan with the run (a dry
   run of generate() on the meta device) against the weights-only plan.
 - panel: tests/bench_panel.py: the Load tab in JupyterLab (chromium): seconds to the first code, to the run
-  estimate, and per dtype change (needs the browser extra; not in the default run's time budget).
+  estimate, and per dtype change, timed inside the page from the user's action (running the cell; the dropdown's
+  change event) to the DOM holding the code (needs the browser extra; not in the default run's time budget).
 - holders: tests/bench_holders.py: what keeps 10,000 tensors alive (a list; a model + AdamW) and the out-of-memory
   report of a training forward, against one gc.get_objects() pass in the same process.
 - fit: tests/bench_fit.py: nbhw.fit for a Llama-3.1-70B-sized config at 32k tokens over every option for 2 x 24 GiB,
@@ -561,7 +562,8 @@ def main() -> int:
         from tests import bench_panel as bpn
 
         found = bpn.measure(max(2, rounds // 3), 4 if args.quick else 8)
-        print_table("The Load tab in JupyterLab (chromium), a kernel that has imported torch and transformers",
+        print_table("The Load tab in JupyterLab (chromium), a kernel that has imported torch and transformers; timed "
+                    "in the page from running the cell / the dtype dropdown's change event to the DOM holding it",
                     bpn.HEADERS, bpn.rows(found))  # fmt: skip
         return panel_lines(found)
 

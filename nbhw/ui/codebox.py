@@ -4,6 +4,9 @@ and "Copy" run in the browser (static/codebox.js; insertion by nbhw's JupyterLab
 
 from __future__ import annotations
 
+import functools
+import html
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +29,32 @@ CSS = """
 """
 
 
+_lexer_ready = threading.Event()  # set once pygments has compiled the Python lexer's rules (its first use)
+
+
+@functools.lru_cache(maxsize=32)
 def highlight(code: str) -> str:
     """Python source as inline-styled HTML spans (no CSS classes needed): its text is exactly ``code``."""
     if not code:
         return ""
+    try:
+        return _highlight(code)
+    finally:
+        _lexer_ready.set()
+
+
+def quick_html(code: str) -> str:
+    """The code's HTML without waiting: highlighted once the lexer is ready, else the code as plain text (the
+    lexer's first use compiles its rules, 50-200 ms of CPU; the highlighted form follows with the next part)."""
+    return highlight(code) if _lexer_ready.is_set() else html.escape(code, quote=False)
+
+
+def _highlight(code: str) -> str:
     # stripnl/ensurenl off and nowrap on: the spans' text is the code, character for character, except for the
     # line end pygments' formatter still adds after the last line.
     lexer = PythonLexer(stripnl=False, ensurenl=False)
-    html = str(render(code, lexer, HtmlFormatter(nowrap=True, noclasses=True, style="default")))
-    return html[:-1] if html.endswith("\n") and not code.endswith("\n") else html
+    found = str(render(code, lexer, HtmlFormatter(nowrap=True, noclasses=True, style="default")))
+    return found[:-1] if found.endswith("\n") and not code.endswith("\n") else found
 
 
 class CodeBox(anywidget.AnyWidget):

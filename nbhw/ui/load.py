@@ -1,8 +1,9 @@
 """The Load tab: controls whose choices come from this machine, and a live preview of the from_pretrained cell.
 
-Every change submits one job to the panels' worker (debounced, off the kernel's thread), which hands the tab each
+Every change submits one job to the panels' worker (at once, off the kernel's thread), which hands the tab each
 part as soon as it is known, quickest first: the code (:func:`nbhw.core.plan.load_form.preview`, with the dtype the
-precision advice gives until the advisor's choices are known), then the choices and the dry run of from_pretrained's
+precision advice gives until the advisor's choices are known; uncoloured the first time, while pygments compiles its
+lexer), sent ahead of every other widget's update, then the choices and the dry run of from_pretrained's
 checks with the weights' placement, then the run at batch x context (one dry run of generate()) with each device's
 weights / cache / activations / reserve against its budget, then max context and max batch. The worker applies
 each part under the widgets' lock unless a newer change came in. "Insert cell below" and "Copy" run in the browser.
@@ -24,14 +25,15 @@ from nbhw.core.hf import dryrun
 from nbhw.core.plan import load_form
 from nbhw.core.plan.load_form import CONTROLS, Choices, Form, Option, Preview, Unit
 from nbhw.core.train.train_form import TrainForm, task_options
-from nbhw.ui.codebox import codebox, highlight
+from nbhw.ui.codebox import codebox, highlight, quick_html
 from nbhw.ui.train import TrainView
 from nbhw.ui.tree import close_tree
 from nbhw.ui.worker import LOCK, Worker, locked, unexpected
 
-# A change of a control is one message (dropdowns, checkboxes, and text fields on Enter): a short quiet time still
-# plans a burst once, and the code follows a change within the 0.25 s a person notices.
-DEBOUNCE = 0.02
+# A change of a control is one message (dropdowns, checkboxes, and text fields on Enter), so a change is planned at
+# once: no quiet time. A burst still ends on its last change: the worker keeps only the newest job, and a job made
+# stale by a newer change stops at its next part (its dry run between two ops).
+DEBOUNCE = 0.0
 DEFAULT = ""  # the dropdown value of "None" (the default): ipywidgets reads a None value as "nothing selected"
 LABEL_WIDTH = "150px"
 CHOICES_CACHE = 16
@@ -251,10 +253,10 @@ def _compute(form: Form, post: Any) -> Result:
         return Result(form, choices, preview, "", "", message_html(preview, choices))
     waiting = "<span class='nbhw-note'>checking with transformers…</span>"
     first = Result(form, choices, preview, "", coming("the dry run and the estimate are coming"), waiting, done=False,
-                   advised=advised)  # fmt: skip
-    html = first.code_html
+                   advised=advised, code_html=quick_html(preview.code))  # fmt: skip
     if not post(first):
         return first  # stale: a newer change is queued
+    html = highlight(preview.code)  # the same HTML (cached) once the lexer is ready; the first time, coloured now
     found = _choices_or_error(form)
     if isinstance(found, Result):
         return found
@@ -286,6 +288,11 @@ def _choices_or_error(form: Form) -> Choices | Result:
 
 
 # ---------------------------------------------------------------- the view
+
+
+def _size_key(form: Form) -> tuple[Any, ...]:
+    """What the notes beside the run's size controls depend on (:func:`load_form.size_notes`): not the dtype."""
+    return (form.model.strip(), form.offline, form.target, form.context, form.encoder_length)
 
 
 def _pairs(options: list[Option], current: str | None) -> list[tuple[str, str]]:
@@ -351,6 +358,7 @@ class LoadView:
         self._train_form = train or TrainForm.of(form.model, offline=form.offline)
         self._replan_on_return = task == "train"  # the inference plan waits until its mode is shown
         self.memory_fields: dict[str, Any] = {}
+        self._size_notes: tuple[tuple[Any, ...], dict[str, str]] = ((), {})  # the last notes of the run's sizes
         self._make_controls(form, models or [], task)
         self.box = self._layout()
         for control in self.controls():
@@ -388,8 +396,7 @@ class LoadView:
         self.message = w.HTML("<span class='nbhw-note'>planning…</span>")
         self.code = codebox()
         self.picture = w.HTML()
-        self.report = w.HTML()
-        self.report.add_class("nbhw-load-report")
+        self.report = w.HTML(_dom_classes=("nbhw-load-report",))
 
     def _input(self, declared: Argument, word: Any) -> Any:
         label = {"description_width": LABEL_WIDTH}
@@ -422,10 +429,7 @@ class LoadView:
         self._extras = [w.HTML(STYLE), memory_label]
         self._fit_row = w.HBox([self.fit_button, self.fit_note], layout=w.Layout(align_items="center"))
         self.infer_box = w.VBox([*self._rows[1:], self._fit_row, self.message, self.code, self.picture, self.report])
-        box = w.VBox([self._extras[0], self._rows[0], self.task, self.infer_box])
-        box.add_class("nbhw-load")
-        box.add_class("nbhw")
-        return box
+        return w.VBox([self._extras[0], self._rows[0], self.task, self.infer_box], _dom_classes=("nbhw-load", "nbhw"))
 
     def _dropdown(self, name: str, label: str, value: str) -> Any:
         w = _ipywidgets()
@@ -533,6 +537,8 @@ class LoadView:
         try:
             # The newest job's form is this view's form, but for an unset dtype now settled on the advised one.
             self.form = result.form
+            # The code first: each widget update is one message the browser handles in order.
+            self.code.show(result.preview.code, html=result.code_html)
             if result.choices is not None and result.choices is not self.choices:
                 self._show_choices(result.choices, result.form)
             if self.choices is not None:
@@ -544,7 +550,6 @@ class LoadView:
                     self.inputs["dtype"].value = result.form.dtype or DEFAULT
             self._show_notes(result)
             self.message.value = result.message
-            self.code.show(result.preview.code, html=result.code_html)
             self.picture.value = result.picture
             self.report.value = result.report
             if result.done:
@@ -614,7 +619,12 @@ class LoadView:
         choices = result.choices
         if choices is None:
             return
-        notes = {**choices.notes, **(result.notes or {})}
+        sized = _size_key(result.form)
+        if result.notes is not None:
+            self._size_notes = (sized, result.notes)
+        # Before the checks a part has no size notes: those shown stay while they are about the same sizes.
+        kept = self._size_notes[1] if result.notes is None and self._size_notes[0] == sized else {}
+        notes = {**choices.notes, **kept, **(result.notes or {})}
         for name in CONTROLS:
             self.notes[name].value = note_html(notes[name]) if notes.get(name) else ""
         option = choices.option("attn_implementation", result.form.attn_implementation)

@@ -25,7 +25,6 @@ from nbhw.core.train.tasks import check_names, check_task
 from nbhw.core.train.train_form import TRAIN_CONTROLS, TrainForm
 from nbhw.ui.attention import AttentionView
 from nbhw.ui.devices import DevicesView
-from nbhw.ui.holders import HoldersView
 from nbhw.ui.load import LoadView
 from nbhw.ui.memory import LOCK, MemoryView, in_kernel, monitor
 from nbhw.ui.tree import close_tree
@@ -147,12 +146,14 @@ class Panel:
         for name in sorted(makers, key=lambda n: n != self.tab):
             makers[name]()
         self._memory_box = w.VBox([w.HTML(MEMORY_WAITING)])
-        tabs = w.Tab(children=[self.devices.box, self._memory_box, self.attention.box, self.load.box])
-        tabs.titles = TABS
-        tabs.selected_index = TABS.index(self.tab)
-        tabs.layout.overflow = "auto"  # a wide table or graph scrolls inside the tab rather than being cut
-        tabs.add_class("nbhw-panel")
-        tabs.add_class("nbhw")
+        # Everything in the constructor: each later change would be one more message ahead of the panel's display.
+        tabs = w.Tab(
+            children=[self.devices.box, self._memory_box, self.attention.box, self.load.box],
+            titles=TABS,
+            selected_index=TABS.index(self.tab),
+            layout=w.Layout(overflow="auto"),  # a wide table or graph scrolls inside the tab rather than being cut
+            _dom_classes=("nbhw-panel", "nbhw"),
+        )
         tabs.observe(self._tab_selected, names="selected_index")
         self._tabs = tabs
         if self.tab == "Memory":
@@ -169,6 +170,9 @@ class Panel:
             if self.memory is not None or self.closed:
                 return
             if self.holders is None:
+                # lazy: the holders' walk and nbhw.session load when the Memory tab first opens, not with the panel
+                from nbhw.ui.holders import HoldersView
+
                 self.holders = HoldersView()  # walks nothing until its button is pressed
             try:
                 mon = monitor(interval=self.interval, window=self.window)

@@ -1,6 +1,6 @@
 """The Load tab's Train mode: one control per declared training argument, and a live preview of the training plan.
 
-Every change submits one job to the panels' worker (debounced, off the kernel's thread): the training plan
+Every change submits one job to the panels' worker (at once, off the kernel's thread): the training plan
 (:func:`nbhw.core.train.train_form.preview`, a training step dry-run on the meta device, 1-10 s) shows its verdict,
 its per-device breakdown and strategies, and its code as soon as it is known; the largest batch follows (a few more
 dry runs). The Load tab (:mod:`nbhw.ui.load`) embeds this view below its model box and mode switch.
@@ -21,7 +21,7 @@ from nbhw.ui.codebox import codebox, highlight
 from nbhw.ui.tree import close_tree
 from nbhw.ui.worker import LOCK, Worker, locked, unexpected
 
-DEBOUNCE = 0.02  # as the Load tab's: a change of a control is one message
+DEBOUNCE = 0.0  # as the Load tab's: a change of a control is one message, planned at once
 DEFAULT = ""  # the dropdown value of None: ipywidgets reads a None value as "nothing selected"
 LABEL_WIDTH = "220px"  # the longest name, gradient_accumulation_steps, whole
 WIDTH = "500px"
