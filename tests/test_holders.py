@@ -443,3 +443,23 @@ def test_holders_outside_ipython_reads_the_main_modules_globals(monkeypatch: pyt
     monkeypatch.setitem(sys.modules, "__main__", main)
     monkeypatch.setattr(nbhw.session, "get_ipython", lambda: None)
     assert nbhw.holders().held_by("big") == 321 * 4
+
+
+def test_the_scan_finds_every_tensor_a_pass_over_the_whole_heap_finds() -> None:
+    # find_all looks for tensors through their classes (gc.get_referrers); the plain pass over gc.get_objects() must
+    # find no other: a leaf, a parameter, a subclass instance, and a tensor only an autograd graph still keeps.
+    class Marked(torch.Tensor):
+        pass
+
+    leaf = torch.ones(3, requires_grad=True)
+    middle = leaf * 2
+    out = middle.sin()  # saves middle
+    del middle
+    kept = [torch.nn.Parameter(torch.ones(5)), torch.ones(7).as_subclass(Marked), out]
+    walker = Walker(torch, set())
+    reader = Walker(torch, set())
+    every = [o for o in gc.get_objects() if type(o) in walker.tensor_types]
+    expected = {k for t in every for k in reader.storage_keys(t)}
+    assert out.grad_fn._saved_self.untyped_storage().nbytes() == 12  # the graph's tensor is alive
+    assert walker.find_all() == expected
+    assert len(kept) == 3

@@ -185,12 +185,15 @@ def _traceback_bytes(report: Holders, device: str | None) -> int:
 
 def _by_kind(report: Holders, device: str) -> dict[str, int]:
     out: dict[str, int] = {}
-    for (on, _), (nbytes, owners) in report.storages.items():
-        if on != device:
+    for d in report.devices:
+        if d.device != device:
             continue
-        kinds = {report.holders[i].kind for i in owners}
-        kind = next((k for k in LONGEST if k in kinds), "unattributed")
-        out[kind] = out.get(kind, 0) + nbytes
+        for g in d.groups:
+            kinds = {h.kind for h in g.holders}
+            kind = next(k for k in LONGEST if k in kinds)
+            out[kind] = out.get(kind, 0) + g.nbytes
+        if d.unattributed_storages:  # found by the scan, held by nothing walked
+            out["unattributed"] = d.unattributed
     return out
 
 

@@ -13,12 +13,14 @@ live tensor is also found without the holders (the scan), so attributed + unattr
 
 from __future__ import annotations
 
+import functools
 import gc
+import heapq
 import re
 import sys
 import time
 import types
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +85,7 @@ class Group:
     holders: tuple[Holder, ...]
     nbytes: int
     storages: int
+    owners: frozenset[int] = field(default=frozenset(), repr=False, compare=False)  # indices into Holders.holders
 
     @property
     def kind(self) -> str:
@@ -157,8 +160,15 @@ class Holders(Shown):
     seconds: float
     visited: int
     notes: tuple[str, ...] = ()
-    # storage -> (device, bytes, indices into ``holders``): what ``free`` needs for its expectation.
-    storages: Mapping[Key, tuple[int, frozenset[int]]] = field(default_factory=dict, repr=False)
+    listed: Callable[[], Mapping[Key, tuple[int, frozenset[int]]]] = field(default=dict, repr=False, compare=False)
+
+    @functools.cached_property
+    def storages(self) -> Mapping[Key, tuple[int, frozenset[int]]]:
+        """Every storage found: its bytes and the indices of the holders that keep it (none: unattributed).
+
+        Listed when first read (the report and ``free`` work from the groups).
+        """
+        return self.listed()
 
     def device(self, device: str) -> DeviceHolders:
         for found in self.devices:
@@ -192,11 +202,7 @@ class Holders(Shown):
     def freed_if(self, chosen: Iterable[int]) -> dict[str, int]:
         """Per device, the bytes of the storages that only the chosen holders keep: what dropping them returns."""
         picked = frozenset(chosen)
-        out: dict[str, int] = {d.device: 0 for d in self.devices}
-        for (device, _), (nbytes, held) in self.storages.items():
-            if held and held <= picked:
-                out[device] = out.get(device, 0) + nbytes
-        return out
+        return {d.device: sum(g.nbytes for g in d.groups if g.owners <= picked) for d in self.devices}
 
     def text(self) -> str:
         lines = [
@@ -466,128 +472,173 @@ def _holders(
     errors = errors_of(error, internals)
     skip = {id(namespace), id(outputs), id(sys.modules), *map(id, ignore), *map(id, errors)}
     skip |= {id(sys.stdout), id(sys.stderr)}
-    roots = (
-        _namespace_roots(namespace, outputs)
-        + _output_roots(namespace, outputs, internals)
-        + _traceback_roots(errors)
-        + _module_roots(own_modules)
-    )
     walker = Walker(torch, skip, deadline)
-    held: dict[Key, tuple[int, ...]] = {}
+    # The scan first, while the heap holds only the program's objects (the walk makes its own): every tensor it finds
+    # is read in one batch, and the walk reads none of them again.
+    found = walker.find_all() if scan else set()
+    roots = _namespace_roots(namespace, outputs) + _output_roots(namespace, outputs, internals)
+    roots += _traceback_roots(errors)
+    holder_keys: list[set[Key]] = []
     all_holders: list[Holder] = []
     notes: list[str] = []
     entries: list[list[object]] = []
     directs: list[set[Key]] = []
     walked: list[_Root] = []
-    for root in roots:
+    for root in _with_own(roots, own_modules, walker):
         try:
             direct, nodes = walker.reach(root.values)
         except WalkStopped as stop:
-            left = len(roots) - roots.index(root)
-            notes.append(
-                f"stopped at {root.holder.label} ({stop}); {left} holders not walked, their tensors unattributed"
-            )
+            notes.append(f"stopped at {root.holder.label} ({stop}); the holders after it not walked, their tensors "
+                         "unattributed")  # fmt: skip
             break
-        _assign(held, all_holders, root.holder, direct)
+        _assign(holder_keys, all_holders, root.holder, direct)
         if nodes:
             entries.append(nodes)
             directs.append(direct)
             walked.append(root)
-    _assign_graphs(held, all_holders, walker.graphs(entries), directs, walked)
-    found = walker.find_all() if scan else set()  # after the walk: the tensors it read are not read again
-    report = _report(walker, found, held=held, all_holders=all_holders, memory=memory, device=device, scan=scan)
+    _assign_graphs(holder_keys, all_holders, walker.graphs(entries), directs, walked)
+    devices, build = _report(walker, found, holder_keys, all_holders, memory=memory, device=device, scan=scan)
     seconds = time.perf_counter() - started
-    return Holders(report[0], tuple(all_holders), seconds, walker.visited, tuple(notes), report[1])
+    return Holders(devices, tuple(all_holders), seconds, walker.visited, tuple(notes), build)
+
+
+def _with_own(roots: list[_Root], own_modules: Sequence[str], walker: Walker) -> Iterator[_Root]:
+    """The roots, then nbhw's own module globals: walked one by one only where all of them together reach a tensor."""
+    yield from roots
+    own = _module_roots(own_modules)
+    try:
+        direct, nodes = walker.reach([v for root in own for v in root.values])
+    except WalkStopped:
+        direct, nodes = {("", 0)}, []  # the roots' own walks say where it stopped
+    if direct or nodes:
+        yield from own
 
 
 def _assign_graphs(
-    held: dict[Key, tuple[int, ...]],
+    holder_keys: list[set[Key]],
     all_holders: list[Holder],
     masks: dict[Key, int],
     directs: list[set[Key]],
     roots: list[_Root],
 ) -> None:
     """Each root's autograd graph as a holder: what the graph keeps and the root does not hold directly."""
-    per_root: list[set[Key]] = [set() for _ in roots]
+    by_mask: dict[int, list[Key]] = {}
     for key, mask in masks.items():
+        by_mask.setdefault(mask, []).append(key)
+    per_root: list[set[Key]] = [set() for _ in roots]
+    for mask, same in by_mask.items():  # the roots sharing a graph share its masks: a few, however many storages
         rest = mask
         while rest:
             low = rest & -rest
-            bit = low.bit_length() - 1
+            per_root[low.bit_length() - 1].update(same)
             rest ^= low
-            if key not in directs[bit]:
-                per_root[bit].add(key)
-    for root, keys in zip(roots, per_root, strict=True):
+    for root, keys, direct in zip(roots, per_root, directs, strict=True):
         label = root.holder.label
-        _assign(held, all_holders, Holder(f"autograd graph of {label}", "graph", of=label), keys)
+        _assign(holder_keys, all_holders, Holder(f"autograd graph of {label}", "graph", of=label), keys - direct)
 
 
-def _assign(held: dict[Key, tuple[int, ...]], all_holders: list[Holder], holder: Holder, keys: set[Key]) -> None:
-    if not keys:
-        return
-    all_holders.append(holder)
-    index = (len(all_holders) - 1,)
-    shared = keys & held.keys()
-    held.update(dict.fromkeys(keys - shared, index))  # most storages have one holder: set in C
-    for key in shared:
-        held[key] += index
+def _assign(holder_keys: list[set[Key]], all_holders: list[Holder], holder: Holder, keys: set[Key]) -> None:
+    if keys:
+        all_holders.append(holder)
+        holder_keys.append(keys)
+
+
+def _groups(holder_keys: Sequence[set[Key]]) -> dict[tuple[int, ...], set[Key]]:
+    """The storages by the exact set of holders that keep them (indices into the holders), in set operations.
+
+    Most storages have one holder: only those several holders share are taken one by one.
+    """
+    seen: set[Key] = set()
+    shared: set[Key] = set()
+    for keys in holder_keys:
+        shared |= keys & seen
+        seen |= keys
+    groups: dict[tuple[int, ...], set[Key]] = {}
+    for i, keys in enumerate(holder_keys):
+        alone = keys - shared if shared else keys
+        if alone:
+            groups[(i,)] = alone
+    owners: dict[Key, int] = dict.fromkeys(shared, 0)  # bit i: holder i
+    for i, keys in enumerate(holder_keys):
+        bit = 1 << i
+        for key in keys & shared:
+            owners[key] |= bit
+    by_mask: dict[int, set[Key]] = {}
+    for key, mask in owners.items():
+        by_mask.setdefault(mask, set()).add(key)
+    for mask, keys in by_mask.items():
+        groups[tuple(i for i in range(mask.bit_length()) if mask >> i & 1)] = keys
+    return groups
 
 
 def _report(
     walker: Walker,
     found: set[Key],
-    *,
-    held: dict[Key, tuple[int, ...]],
+    holder_keys: Sequence[set[Key]],
     all_holders: list[Holder],
+    *,
     memory: DeviceMemory,
     device: str | None,
     scan: bool,
-) -> tuple[tuple[DeviceHolders, ...], dict[Key, tuple[int, frozenset[int]]]]:
-    """Per device, the groups of exactly-the-same holders; and every storage with its bytes and its holders."""
-    everything = found | held.keys()
-    names = sorted({k[0] for k in everything} | set(memory.devices()))
+) -> tuple[tuple[DeviceHolders, ...], Callable[[], dict[Key, tuple[int, frozenset[int]]]]]:
+    """Per device, the groups of exactly-the-same holders; and how to list every storage with its bytes and holders."""
+    groups = _groups(holder_keys)
+    loose = found.difference(*holder_keys)
+    on = _devices_of(walker, [loose, *groups.values()])
+    names = sorted(on | set(memory.devices()))
     if device is not None and device not in names:
         raise UserError(f"no tensors on {device!r}; devices with tensors: {', '.join(names) or 'none'}")
-    owner_sets = {indices: frozenset(indices) for indices in set(held.values())}
-    nobody: frozenset[int] = frozenset()
-    storages = {k: (walker.sizes[k], owner_sets[held[k]] if k in held else nobody) for k in everything}
     out = tuple(
-        _device_holders(name, storages, walker, all_holders=all_holders, memory=memory, scan=scan)
+        _device_holders(
+            name, groups, loose, walker, all_holders=all_holders, memory=memory, scan=scan, split=len(on) > 1
+        )
         for name in ([device] if device else names)
     )
+    sizes = walker.sizes
+
+    def storages() -> dict[Key, tuple[int, frozenset[int]]]:
+        nobody: frozenset[int] = frozenset()
+        listed = {k: (sizes[k], nobody) for k in loose}
+        for by, keys in groups.items():
+            owners = frozenset(by)
+            listed.update((k, (sizes[k], owners)) for k in keys)
+        return listed
+
     return out, storages
+
+
+def _devices_of(walker: Walker, key_sets: Sequence[set[Key]]) -> set[str]:
+    """The devices these storages are on (the walker's list when it read storages of one device only)."""
+    if not any(key_sets):
+        return set()
+    if len(walker.devices) == 1:
+        return set(walker.devices)
+    return {k[0] for keys in key_sets for k in keys}
 
 
 def _device_holders(
     name: str,
-    storages: Mapping[Key, tuple[int, frozenset[int]]],
+    groups: Mapping[tuple[int, ...], set[Key]],
+    loose: set[Key],
     walker: Walker,
     *,
     all_holders: Sequence[Holder],
     memory: DeviceMemory,
     scan: bool,
+    split: bool,
 ) -> DeviceHolders:
-    groups: dict[frozenset[int], list[int]] = {}
-    loose: list[Key] = []
-    for key, (nbytes, owners) in storages.items():
-        if key[0] != name:
-            continue
-        if owners:
-            groups.setdefault(owners, []).append(nbytes)
-        else:
-            loose.append(key)
-    ranked = sorted(
-        (
-            Group(tuple(all_holders[i] for i in sorted(owners)), sum(sizes), len(sizes))
-            for owners, sizes in groups.items()
-        ),
-        key=lambda g: (-g.nbytes, g.label),
-    )
-    loose.sort(key=lambda k: -walker.sizes[k])
-    examples = tuple(walker.example(k) for k in loose[:3])
+    size_of = walker.sizes.__getitem__
+    ranked: list[Group] = []
+    for by, every in groups.items():
+        keys = {k for k in every if k[0] == name} if split else every
+        if keys:
+            ranked.append(Group(tuple(all_holders[i] for i in by), sum(map(size_of, keys)), len(keys), frozenset(by)))
+    ranked.sort(key=lambda g: (-g.nbytes, g.label))
+    here = {k for k in loose if k[0] == name} if split else loose
+    examples = tuple(walker.example(k) for k in heapq.nlargest(3, here, key=size_of))
     allocated, reserved = memory.allocated(name), memory.reserved(name)
-    unattributed = sum(walker.sizes[k] for k in loose)
-    counted: int | None = len(loose)
+    unattributed = sum(map(size_of, here))
+    counted: int | None = len(here)
     if not scan:  # not looked for: the allocator's figure says how much is left, where it keeps one
         attributed = sum(g.nbytes for g in ranked)
         unattributed = max(0, allocated - attributed) if allocated is not None else 0
