@@ -107,6 +107,27 @@ def test_an_offloaded_cache_keeps_one_layer_on_the_device_and_the_rest_in_host_m
     assert not small.run_fits and "more on cpu" in small.placement.verdict  # type: ignore[union-attr]
 
 
+def test_planning_an_offloaded_cache_asks_torch_for_no_stream(llama: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # transformers makes the prefetch stream with torch.Stream() in Cache.__init__: on a GPU machine that creates a
+    # CUDA context. Faked at that boundary: any real stream asked for fails the plan.
+    asked: list[str] = []
+
+    def no_stream(*args: Any, **kwargs: Any) -> Any:
+        asked.append("stream")
+        raise RuntimeError("a real stream was asked for (a CUDA context on a GPU machine)")
+
+    monkeypatch.setattr(torch, "Stream", no_stream)
+    monkeypatch.setattr(torch.cuda, "Stream", no_stream)
+    plan = nbhw.plan(llama, device_map=0, max_memory={0: "1GiB", "cpu": "1GiB"}, context=CONTEXT + 64, batch=BATCH,
+                     cache_implementation="offloaded")  # fmt: skip
+    assert plan.run is not None, plan.dry_run.problem
+    assert asked == []
+    devices = plan.run.devices
+    # transformers' own update() still ran: layer 0 back on the device, the rest in host memory
+    assert devices[0].cache_decode_bytes > 0 and devices["cpu"].cache_decode_bytes > 0
+    assert plan.run.cache_decode_bytes == devices[0].cache_decode_bytes + devices["cpu"].cache_decode_bytes
+
+
 def test_the_solver_offloads_the_cache_when_the_device_cant_hold_it(tmp_path: Path) -> None:
     # twelve layers whose cache outweighs the activations (a cuda target: SDPA keeps no score matrix)
     config = transformers.LlamaConfig(**{**families.COMMON, "num_hidden_layers": 12, "num_key_value_heads": 4},

@@ -23,6 +23,7 @@ caching allocator rounds each block up to a power of two and keeps freed blocks;
 from __future__ import annotations
 
 import contextlib
+import copy
 import types
 from collections.abc import Hashable, Iterator
 from functools import cache
@@ -32,6 +33,9 @@ from nbhw.core.hf import dryrun
 from nbhw.core.hf.as_if import _Namespace
 
 OFFLOADED = ("offloaded", "offloaded_static")  # the cache_implementation words whose caches offload to the host
+# The word whose cache is the same but kept on the device (transformers builds both with the same class and
+# arguments, offloading=True added).
+ON_DEVICE = {"offloaded": "dynamic", "offloaded_static": "static"}
 HOST: Hashable = "cpu"
 
 
@@ -77,6 +81,38 @@ def _torch_view(target: str) -> Any:
 
     cuda = _Namespace("torch.cuda", {"default_stream": default_stream}, fallback=torch.cuda)
     return _Namespace("torch", {"cuda": cuda}, fallback=torch)
+
+
+def made_on_device(gen: Any) -> Any:
+    """The generation config to make an offloaded cache with: its on-device twin (see :func:`turn_on_offloading`)."""
+    if getattr(gen, "cache_implementation", None) not in ON_DEVICE:
+        return gen
+    twin = copy.copy(gen)
+    twin.cache_implementation = ON_DEVICE[gen.cache_implementation]
+    return twin
+
+
+def turn_on_offloading(found: Any, gen: Any) -> None:
+    """Offloading on for a cache made by :func:`made_on_device`'s config, by transformers' own ``Cache.__init__``.
+
+    transformers makes an offloaded cache's prefetch stream in ``Cache.__init__`` with ``torch.Stream()``, which on a
+    machine with a GPU creates a CUDA context: planning must not. The cache is made as its on-device twin, then a
+    copy of ``Cache.__init__`` whose ``torch.Stream`` is a stand-in runs again on each part with ``offloading=True``
+    and the parts' own layers, as transformers would have called it.
+    """
+    if getattr(gen, "cache_implementation", None) not in ON_DEVICE:
+        return
+    import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
+    from transformers.cache_utils import Cache  # lazy: likewise for transformers
+
+    init = Cache.__init__
+    streams = {"Stream": _Stream}
+    view = _Namespace("torch", {**streams, "cuda": _Namespace("torch.cuda", streams, fallback=torch.cuda)}, torch)
+    copied = types.FunctionType(init.__code__, {**init.__globals__, "torch": view}, init.__name__, init.__defaults__,
+                                init.__closure__)  # fmt: skip
+    for part in _parts(found):
+        replicate = part.layer_class_to_replicate
+        copied(part, layers=None if replicate else part.layers, layer_class_to_replicate=replicate, offloading=True)
 
 
 def _parts(found: Any) -> list[Any]:

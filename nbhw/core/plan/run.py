@@ -190,7 +190,8 @@ def generation_config(model: Any, **options: Any) -> Any:
 def new_cache(model: Any, gen: Any, model_kwargs: dict[str, Any], batch: int, max_cache_length: int) -> Any:
     """The cache generate() creates for this model and generation config; None when the model makes none."""
     mode = gen.get_generation_mode()
-    model._prepare_cache_for_generation(gen, model_kwargs, mode, batch, max_cache_length)
+    model._prepare_cache_for_generation(offloading.made_on_device(gen), model_kwargs, mode, batch, max_cache_length)
+    offloading.turn_on_offloading(model_kwargs.get("cache"), gen)
     return model_kwargs.get("cache")
 
 
