@@ -541,7 +541,7 @@ class Setup:
         if self.strategy not in ("tp", "fsdp2"):
             yield
             return
-        with fake_world(self.world_size):
+        with fake_world(self.world_size), _global_shapes_uncounted():
             if self.strategy == "fsdp2":
                 from torch._subclasses.fake_tensor import FakeTensorMode  # lazy: import nbhw stays free of torch
                 from torch.distributed.device_mesh import init_device_mesh  # lazy: import nbhw stays free of torch
@@ -728,6 +728,33 @@ def fake_world(world_size: int) -> Iterator[None]:
             yield
         finally:
             dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _global_shapes_uncounted() -> Iterator[None]:
+    """DTensor's sharding propagation runs each new op once on stand-ins of the *global* shapes to learn its
+    output's shape (``ShardingPropagator._propagate_tensor_meta_non_cached``), then remembers the answer per op
+    and shapes. Under a fake mode those stand-ins are made in the dry run's own mode, so the tracker counted them
+    as memory of the rank: an optimizer step over FSDP2's sharded parameters read the unsharded parameters,
+    gradients and both AdamW states on a process's first dry run and nothing on the next (the answer remembered),
+    476 vs 82 GiB per rank at 70B. They are metadata, never memory on a device: the propagation runs here with
+    the tracker and the dry run's fake mode set aside (torch then makes a fake mode of its own, as it does outside
+    one), so a first and a later dry run read the same."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator  # lazy: import nbhw stays free of torch
+    from torch.utils._python_dispatch import _disable_current_modes  # lazy: import nbhw stays free of torch
+
+    with _PATCH_LOCK:
+        original = ShardingPropagator._propagate_tensor_meta_non_cached
+
+        def uncounted(self: Any, op_schema: Any) -> Any:
+            with _disable_current_modes():
+                return original(self, op_schema)
+
+        ShardingPropagator._propagate_tensor_meta_non_cached = uncounted  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            ShardingPropagator._propagate_tensor_meta_non_cached = original  # type: ignore[method-assign]
 
 
 def tp_problems(config: Any, world_size: int) -> list[str]:
