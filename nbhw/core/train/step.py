@@ -804,7 +804,41 @@ def _tp_model(config: Any, args: TrainArgs, world_size: int) -> Any:
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), dtype=_torch_dtype(args.dtype))
     model = cls.maybe_distribute_model(model, dist_config, mesh)
-    return prepare_for_training(model, args, meta=True)
+    model = prepare_for_training(model, args, meta=True)
+    _check_row_wise_lora(model, config)
+    return model
+
+
+class StepRefused(RuntimeError):
+    """The libraries' own code refuses this step under this sharding (said in full, as the row's problem)."""
+
+
+def _check_row_wise_lora(model: Any, config: Any) -> None:
+    """LoRA on a layer transformers' TP plan shards row-wise: peft sizes the adapter's A matrix from the local
+    weight (its ``in_features`` is this rank's slice of the input) and wraps its weight at the whole width, then
+    transformers' row-wise forward reads ``in_features`` as the whole width of the input it rebuilds; the shapes
+    disagree and the step fails at that layer's forward, in a real torchrun as in the dry run (seen with
+    peft 0.21.2, transformers 5.24). Said in words, naming the layers that work, instead of a reshape error."""
+    from importlib.metadata import version
+
+    refused: dict[str, tuple[int, int]] = {}
+    for name, module in model.named_modules():
+        for adapter in getattr(module, "lora_A", {}).values() if hasattr(module, "lora_A") else ():
+            whole = int(adapter.weight.shape[-1])
+            if getattr(adapter, "in_features", whole) != whole:
+                refused[name.rsplit(".", 1)[-1]] = (int(adapter.in_features), whole)
+    if not refused:
+        return
+    plan = dict(getattr(config.get_text_config(), "base_model_tp_plan", None) or {})
+    linear = set(linear_layer_names(model))
+    column = sorted({key.rsplit(".", 1)[-1] for key, style in plan.items() if style == "colwise"} & linear)
+    layers = ", ".join(f"{n} ({a} of {b} inputs)" for n, (a, b) in sorted(refused.items()))
+    raise StepRefused(
+        f"peft {version('peft')} gives LoRA on a row-wise sharded layer an A matrix of this rank's input slice, "
+        f"which transformers {version('transformers')}'s row-wise forward takes as the whole width: {layers}; the "
+        "step fails there (a real torchrun too). LoRA on the column-wise layers only "
+        f"(lora_target_modules={column}) runs under tensor parallelism, or use fsdp2"
+    )
 
 
 def _fsdp2_model(model: Any, mesh: Any, fake: Any) -> Any:

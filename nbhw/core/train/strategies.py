@@ -17,7 +17,7 @@ from typing import Any
 
 from nbhw.core.errors import UserError
 from nbhw.core.train.arguments import TrainArgs
-from nbhw.core.train.step import _PATCH_LOCK, Setup, StepMemory, dry_run, tp_problems
+from nbhw.core.train.step import _PATCH_LOCK, Setup, StepMemory, StepRefused, dry_run, tp_problems
 
 # Every strategy with its offload choices, in the order the comparison lists them.
 CHOICES: tuple[tuple[str, bool], ...] = (
@@ -80,6 +80,9 @@ def strategy_estimate(
     started = time.perf_counter()
     try:
         found = _strategy_estimate(config, args, strategy, world_size, offload=offload)
+    except StepRefused as exc:
+        problem = f"the training step fails under {STRATEGY_WORDS[strategy]}: {exc}"
+        found = RankEstimate(strategy, world_size, offload, 0, 0, "dry run refused", problems=[problem])
     except UserError as exc:
         if mistakes:
             raise
