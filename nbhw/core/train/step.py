@@ -388,9 +388,32 @@ def _unpacked_rows() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _autocast_on_meta() -> Iterator[None]:
+    """``torch.autocast(device_type="meta", ...)`` as the device answers it: peft folds LoRA into an MoE model's
+    expert weights (3-D parameters: ``lora_target_modules="all-linear"`` reaches them) under
+    ``torch.autocast(W.device.type, enabled=False)``, and torch has no autocast for "meta" (it raises). The
+    context is entered for the CPU instead: autocast only recasts tensors of its own device, so no meta op
+    changes, as on the device for a disabled one (an enabled one is the upcast the notes already leave out)."""
+    import torch  # lazy: import nbhw stays free of torch
+
+    with _PATCH_LOCK:
+        original = torch.autocast
+
+        class autocast(original):  # type: ignore[valid-type, misc]
+            def __init__(self, device_type: str, *args: Any, **kwargs: Any) -> None:
+                super().__init__("cpu" if device_type == "meta" else device_type, *args, **kwargs)
+
+        torch.autocast = autocast  # type: ignore[misc]
+        try:
+            yield
+        finally:
+            torch.autocast = original  # type: ignore[misc]
+
+
+@contextlib.contextmanager
 def meta_step_context(target: str) -> Iterator[None]:
     """Everything a meta-device step needs to run as it would on the device (see the module docstring)."""
-    with _unpacked_rows(), dryrun.attention_as_on(target):
+    with _unpacked_rows(), _autocast_on_meta(), dryrun.attention_as_on(target):
         yield
 
 
