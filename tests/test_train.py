@@ -115,11 +115,12 @@ from tests.test_train import args_for
 from tests.train_realrun import real_peak, save_tiny
 from nbhw.core.train import step as S
 out = {}
-for family in sys.argv[2:]:
+targets = json.loads(sys.argv[2])  # null: peft's defaults
+for family in sys.argv[3:]:
     config = getattr(families, family)()
     path = save_tiny(config, sys.argv[1] + "/" + family)
     for gc in (False, True):
-        args = args_for("qlora", gc)
+        args = args_for("qlora", gc, lora_target_modules=targets)
         real = real_peak(path, args, config.vocab_size, profiler=False)  # the profiler: in the dense tests
         out[f"{family}/{gc}"] = [S.dry_run(config, args).peak, real.tracker]
 print(json.dumps(out))
@@ -144,10 +145,25 @@ def run_with_bnb(code: str, *argv: str, timeout: int = 600) -> subprocess.Comple
 def test_qlora_meta_step_matches_the_real_cpu_step(tmp_path: Path) -> None:
     """bitsandbytes 0.50.2 runs 4-bit training on the CPU: from_pretrained(quantization_config=...) + peft +
     backward + AdamW, measured like the others."""
-    done = run_with_bnb(QLORA_CHECK, str(tmp_path), *FAMILIES)
+    done = run_with_bnb(QLORA_CHECK, str(tmp_path), "null", *FAMILIES)
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(found) == 2 * len(FAMILIES)
+    print(found)
+    for key, (estimate, tracker) in found.items():
+        assert abs(estimate - tracker) <= TOLERANCE * tracker, (key, estimate, tracker)
+
+
+@needs_bnb
+@pytest.mark.slow
+@pytest.mark.parametrize("targets", list(MOE_TARGETS))
+def test_moe_qlora_meta_step_matches_the_real_cpu_step(tmp_path: Path, targets: str) -> None:
+    """QLoRA on MoE families: the 4-bit base (transformers' quantizer takes the Linear layers; the experts' 3-D
+    weights stay in the compute dtype), LoRA on all linear layers and experts, or on attention only."""
+    done = run_with_bnb(QLORA_CHECK, str(tmp_path), json.dumps(MOE_TARGETS[targets]), *MOE)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(found) == 2 * len(MOE)
     print(found)
     for key, (estimate, tracker) in found.items():
         assert abs(estimate - tracker) <= TOLERANCE * tracker, (key, estimate, tracker)
