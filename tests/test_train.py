@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -82,6 +83,30 @@ def test_meta_step_matches_the_real_cpu_step(checkpoints: Path, family: str, met
     assert abs(estimate.peak - real.profiler) <= 0.011 * real.profiler, (estimate.peak, real)
 
 
+MOE = {"mixtral": families.mixtral, "qwen3_moe": families.qwen3_moe}
+# peft has no default targets for MoE types: all-linear reaches the experts' 3-D weights (peft's ParamWrapper, under
+# torch.autocast(device_type=...) on meta); attention-only leaves the experts frozen (grouped_mm's autograd rule).
+MOE_TARGETS = {"all-linear": "all-linear", "attention": ("q_proj", "v_proj")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gc", [False, True], ids=["no_gc", "gc"])
+@pytest.mark.parametrize("method", ["full", "lora-all-linear", "lora-attention"])
+@pytest.mark.parametrize("family", list(MOE))
+def test_moe_meta_step_matches_the_real_cpu_step(tmp_path: Path, family: str, method: str, gc: bool) -> None:
+    kind, _, targets = method.partition("-")
+    args = args_for(kind, gc, lora_target_modules=MOE_TARGETS.get(targets))
+    config = MOE[family]()
+    estimate = S.dry_run(config, args)
+    real = real_peak(save_tiny(config, str(tmp_path / family)), args, config.vocab_size)
+    print(family, method, gc, estimate.peak, real)
+    assert abs(estimate.peak - real.tracker) <= TOLERANCE * real.tracker
+    assert abs(estimate.peak - real.profiler) <= TOLERANCE * real.profiler
+    # Seen: within 144 B of MemTracker and 1.3 % of the profiler (frozen experts read 11-13 % over before
+    # grouped_mm's own autograd rule was used on meta).
+    assert abs(estimate.peak - real.tracker) <= 256, (estimate.peak, real)
+
+
 QLORA_CHECK = """
 import json, sys, warnings
 warnings.simplefilter("ignore")
@@ -90,11 +115,12 @@ from tests.test_train import args_for
 from tests.train_realrun import real_peak, save_tiny
 from nbhw.core.train import step as S
 out = {}
-for family in sys.argv[2:]:
+targets = json.loads(sys.argv[2])  # null: peft's defaults
+for family in sys.argv[3:]:
     config = getattr(families, family)()
     path = save_tiny(config, sys.argv[1] + "/" + family)
     for gc in (False, True):
-        args = args_for("qlora", gc)
+        args = args_for("qlora", gc, lora_target_modules=targets)
         real = real_peak(path, args, config.vocab_size, profiler=False)  # the profiler: in the dense tests
         out[f"{family}/{gc}"] = [S.dry_run(config, args).peak, real.tracker]
 print(json.dumps(out))
@@ -119,10 +145,25 @@ def run_with_bnb(code: str, *argv: str, timeout: int = 600) -> subprocess.Comple
 def test_qlora_meta_step_matches_the_real_cpu_step(tmp_path: Path) -> None:
     """bitsandbytes 0.50.2 runs 4-bit training on the CPU: from_pretrained(quantization_config=...) + peft +
     backward + AdamW, measured like the others."""
-    done = run_with_bnb(QLORA_CHECK, str(tmp_path), *FAMILIES)
+    done = run_with_bnb(QLORA_CHECK, str(tmp_path), "null", *FAMILIES)
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(found) == 2 * len(FAMILIES)
+    print(found)
+    for key, (estimate, tracker) in found.items():
+        assert abs(estimate - tracker) <= TOLERANCE * tracker, (key, estimate, tracker)
+
+
+@needs_bnb
+@pytest.mark.slow
+@pytest.mark.parametrize("targets", list(MOE_TARGETS))
+def test_moe_qlora_meta_step_matches_the_real_cpu_step(tmp_path: Path, targets: str) -> None:
+    """QLoRA on MoE families: the 4-bit base (transformers' quantizer takes the Linear layers; the experts' 3-D
+    weights stay in the compute dtype), LoRA on all linear layers and experts, or on attention only."""
+    done = run_with_bnb(QLORA_CHECK, str(tmp_path), json.dumps(MOE_TARGETS[targets]), *MOE)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(found) == 2 * len(MOE)
     print(found)
     for key, (estimate, tracker) in found.items():
         assert abs(estimate - tracker) <= TOLERANCE * tracker, (key, estimate, tracker)
@@ -209,15 +250,22 @@ def test_sharded_strategies_in_one_process_for_eight_ranks() -> None:
     assert not dist.is_initialized()  # the fake world is gone again
 
 
-def test_an_fsdp2_figure_far_above_the_sharding_rule_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The guard against the 70B FSDP2 instability (476 GiB per rank read once, 82 GiB the next time)."""
-    config = families.llama()
+def test_a_first_sharded_dry_run_reads_what_a_later_one_does() -> None:
+    """DTensor works out each new op's output shape on stand-ins of the global shapes, then remembers it per op
+    and shapes. Those stand-ins were counted as the rank's memory: a process's first FSDP2 step over a model read
+    the unsharded parameters, gradients and AdamW states in its optimizer step (70B over 8 ranks: 476 GiB per
+    rank, then 82 GiB). Shapes no other test uses make the first run here a first for DTensor too."""
+    config = S.with_depth(families.llama(), 4)
+    config.hidden_size, config.intermediate_size, config.head_dim = 72, 88, 18  # 4 heads of 18: unused elsewhere
     args = dataclasses.replace(args_for("full", False), devices=2)
-    monkeypatch.setattr(strategies, "UNTRUSTED", 0.5)
-    row = strategies.strategy_estimate(config, args, "fsdp2", 2)
-    assert row.source == "not trusted" and "not trusted" in row.problems[0] and "ZeRO-3 rule" in row.problems[0]
-    monkeypatch.setattr(strategies, "UNTRUSTED", 2.0)
-    assert strategies.strategy_estimate(config, args, "fsdp2", 2).ok
+    single = S.dry_run(config, args)
+    for strategy in ("fsdp2", "tp"):
+        first = S.dry_run(config, args, setup=S.Setup(strategy, 2))
+        again = S.dry_run(config, args, setup=S.Setup(strategy, 2))
+        assert (first.peak, first.optimizer_step_peak) == (again.peak, again.optimizer_step_peak), strategy
+        # Each rank steps its own half of the parameters, gradients and AdamW states: less than one device
+        # stepping all of them (the stand-ins made the first read more than that).
+        assert first.optimizer_step_peak < single.optimizer_step_peak, (strategy, first, single)
 
 
 # ------------------------------------------------------------------ the emitted cell, run for real
@@ -347,9 +395,10 @@ def test_deepspeed_configs_pass_deepspeeds_own_parser(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ real distributed runs
 
 
-def torchrun(strategy: str, model: Path, work: Path) -> tuple[int, list[dict[str, Any]], str]:
-    args = train_args(method="full", batch=2, context=32, dtype="float32", device_type="cpu", strategy=strategy,
-                      devices=2)  # fmt: skip
+def torchrun(strategy: str, model: Path, work: Path, **extra: Any) -> tuple[int, list[dict[str, Any]], str]:
+    values = {"method": "full", **extra}
+    args = train_args(batch=2, context=32, dtype="float32", device_type="cpu", strategy=strategy, devices=2,
+                      **values)  # fmt: skip
     L.launch_files(str(model), args).write(work)
     env = dict(
         os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", NBHW_TEST_FSDP_ON_CPU="1", PYTHONPATH=str(ROOT)
@@ -358,7 +407,7 @@ def torchrun(strategy: str, model: Path, work: Path) -> tuple[int, list[dict[str
            str(ROOT / "tests" / "train_rank.py"), str(work / "peaks"), L.SCRIPT_NAME]  # fmt: skip
     done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600, check=False)
     files = [work / "peaks" / f"rank{r}.json" for r in (0, 1)]
-    return done.returncode, [json.loads(f.read_text()) for f in files if f.exists()], done.stderr[-3000:]
+    return done.returncode, [json.loads(f.read_text()) for f in files if f.exists()], done.stderr[-6000:]
 
 
 @pytest.mark.slow
@@ -382,6 +431,29 @@ def test_torchrun_gloo_runs_the_emitted_script_and_each_rank_peaks_as_planned(
         real = rank["peak"] - excess
         print(f"{strategy}: estimate {estimate:,} B, rank peak {rank['peak']:,} B, loading excess {excess:,} B")
         assert abs(estimate - real) <= TOLERANCE * real, (estimate, rank["peak"], excess)
+
+
+@pytest.mark.slow
+def test_tp_with_lora_on_a_row_wise_layer_fails_for_real_as_the_plan_says(tiny: Path, tmp_path: Path) -> None:
+    """peft's adapter on a row-wise sharded o_proj and transformers' row-wise forward disagree on its input width:
+    the plan's TP row says so (naming the column-wise layers), a real 2-rank torchrun fails at that layer, and the
+    column-wise targets the row names plan and run, the real per-rank peak within 10 % of the estimate."""
+    words = {"method": "lora", "lora_r": 4, "dtype": "float32", "device_type": "cpu", "strategy": "tp", "devices": 2}
+    row = train_plan(tiny, batch=2, context=32, lora_target_modules=["q_proj", "o_proj"], **words).recommended
+    assert row.source == "dry run refused" and "o_proj (" in row.problems[0], row.problems
+    column = re.search(r"lora_target_modules=(\[[^]]*\])", row.problems[0])
+    assert column is not None and "o_proj" not in column.group(1) and "q_proj" in column.group(1)
+    code, _, err = torchrun("tp", tiny, tmp_path / "row", method="lora", lora_r=4, lora_target_modules=("o_proj",))
+    assert code != 0 and "is invalid for input of size" in err, err
+    targets = tuple(ast.literal_eval(column.group(1)))
+    plan = train_plan(tiny, batch=2, context=32, lora_target_modules=list(targets), **words)
+    assert plan.recommended.ok, plan.recommended.problems
+    code, ranks, err = torchrun("tp", tiny, tmp_path / "column", method="lora", lora_r=4, lora_target_modules=targets)
+    assert code == 0 and len(ranks) == 2, err
+    for rank in ranks:
+        real = rank["peak"] - rank["model"]["storage_excess"]  # the CPU loading excess, as in the test above
+        print(f"tp lora {targets}: estimate {plan.recommended.device_bytes:,} B, rank peak {real:,} B")
+        assert abs(plan.recommended.device_bytes - real) <= TOLERANCE * real, (plan.recommended.device_bytes, rank)
 
 
 # ------------------------------------------------------------------ mistakes

@@ -389,9 +389,32 @@ def _unpacked_rows() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _autocast_on_meta() -> Iterator[None]:
+    """``torch.autocast(device_type="meta", ...)`` as the device answers it: peft folds LoRA into an MoE model's
+    expert weights (3-D parameters: ``lora_target_modules="all-linear"`` reaches them) under
+    ``torch.autocast(W.device.type, enabled=False)``, and torch has no autocast for "meta" (it raises). The
+    context is entered for the CPU instead: autocast only recasts tensors of its own device, so no meta op
+    changes, as on the device for a disabled one (an enabled one is the upcast the notes already leave out)."""
+    import torch  # lazy: import nbhw stays free of torch
+
+    with _PATCH_LOCK:
+        original = torch.autocast
+
+        class autocast(original):  # type: ignore[valid-type, misc]
+            def __init__(self, device_type: str, *args: Any, **kwargs: Any) -> None:
+                super().__init__("cpu" if device_type == "meta" else device_type, *args, **kwargs)
+
+        torch.autocast = autocast  # type: ignore[misc]
+        try:
+            yield
+        finally:
+            torch.autocast = original  # type: ignore[misc]
+
+
+@contextlib.contextmanager
 def meta_step_context(target: str) -> Iterator[None]:
     """Everything a meta-device step needs to run as it would on the device (see the module docstring)."""
-    with _unpacked_rows(), dryrun.attention_as_on(target):
+    with _unpacked_rows(), _autocast_on_meta(), dryrun.attention_as_on(target):
         yield
 
 
@@ -542,7 +565,7 @@ class Setup:
         if self.strategy not in ("tp", "fsdp2"):
             yield
             return
-        with fake_world(self.world_size):
+        with fake_world(self.world_size), _global_shapes_uncounted():
             if self.strategy == "fsdp2":
                 from torch._subclasses.fake_tensor import FakeTensorMode  # lazy: import nbhw stays free of torch
                 from torch.distributed.device_mesh import init_device_mesh  # lazy: import nbhw stays free of torch
@@ -731,6 +754,33 @@ def fake_world(world_size: int) -> Iterator[None]:
             dist.destroy_process_group()
 
 
+@contextlib.contextmanager
+def _global_shapes_uncounted() -> Iterator[None]:
+    """DTensor's sharding propagation runs each new op once on stand-ins of the *global* shapes to learn its
+    output's shape (``ShardingPropagator._propagate_tensor_meta_non_cached``), then remembers the answer per op
+    and shapes. Under a fake mode those stand-ins are made in the dry run's own mode, so the tracker counted them
+    as memory of the rank: an optimizer step over FSDP2's sharded parameters read the unsharded parameters,
+    gradients and both AdamW states on a process's first dry run and nothing on the next (the answer remembered),
+    476 vs 82 GiB per rank at 70B. They are metadata, never memory on a device: the propagation runs here with
+    the tracker and the dry run's fake mode set aside (torch then makes a fake mode of its own, as it does outside
+    one), so a first and a later dry run read the same."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator  # lazy: import nbhw stays free of torch
+    from torch.utils._python_dispatch import _disable_current_modes  # lazy: import nbhw stays free of torch
+
+    with _PATCH_LOCK:
+        original = ShardingPropagator._propagate_tensor_meta_non_cached
+
+        def uncounted(self: Any, op_schema: Any) -> Any:
+            with _disable_current_modes():
+                return original(self, op_schema)
+
+        ShardingPropagator._propagate_tensor_meta_non_cached = uncounted  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            ShardingPropagator._propagate_tensor_meta_non_cached = original  # type: ignore[method-assign]
+
+
 def tp_problems(config: Any, world_size: int) -> list[str]:
     """What stops tensor parallelism at this size, in transformers' own terms.
 
@@ -778,7 +828,41 @@ def _tp_model(config: Any, args: TrainArgs, world_size: int) -> Any:
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), dtype=_torch_dtype(args.dtype))
     model = cls.maybe_distribute_model(model, dist_config, mesh)
-    return prepare_for_training(model, args, meta=True)
+    model = prepare_for_training(model, args, meta=True)
+    _check_row_wise_lora(model, config)
+    return model
+
+
+class StepRefused(RuntimeError):
+    """The libraries' own code refuses this step under this sharding (said in full, as the row's problem)."""
+
+
+def _check_row_wise_lora(model: Any, config: Any) -> None:
+    """LoRA on a layer transformers' TP plan shards row-wise: peft sizes the adapter's A matrix from the local
+    weight (its ``in_features`` is this rank's slice of the input) and wraps its weight at the whole width, then
+    transformers' row-wise forward reads ``in_features`` as the whole width of the input it rebuilds; the shapes
+    disagree and the step fails at that layer's forward, in a real torchrun as in the dry run (seen with
+    peft 0.21.2, transformers 5.24). Said in words, naming the layers that work, instead of a reshape error."""
+    from importlib.metadata import version
+
+    refused: dict[str, tuple[int, int]] = {}
+    for name, module in model.named_modules():
+        for adapter in getattr(module, "lora_A", {}).values() if hasattr(module, "lora_A") else ():
+            whole = int(adapter.weight.shape[-1])
+            if getattr(adapter, "in_features", whole) != whole:
+                refused[name.rsplit(".", 1)[-1]] = (int(adapter.in_features), whole)
+    if not refused:
+        return
+    plan = dict(getattr(config.get_text_config(), "base_model_tp_plan", None) or {})
+    linear = set(linear_layer_names(model))
+    column = sorted({key.rsplit(".", 1)[-1] for key, style in plan.items() if style == "colwise"} & linear)
+    layers = ", ".join(f"{n} ({a} of {b} inputs)" for n, (a, b) in sorted(refused.items()))
+    raise StepRefused(
+        f"peft {version('peft')} gives LoRA on a row-wise sharded layer an A matrix of this rank's input slice, "
+        f"which transformers {version('transformers')}'s row-wise forward takes as the whole width: {layers}; the "
+        "step fails there (a real torchrun too). LoRA on the column-wise layers only "
+        f"(lora_target_modules={column}) runs under tensor parallelism, or use fsdp2"
+    )
 
 
 def _fsdp2_model(model: Any, mesh: Any, fake: Any) -> Any:

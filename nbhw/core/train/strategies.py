@@ -17,7 +17,7 @@ from typing import Any
 
 from nbhw.core.errors import UserError
 from nbhw.core.train.arguments import TrainArgs
-from nbhw.core.train.step import _PATCH_LOCK, Setup, StepMemory, dry_run, tp_problems
+from nbhw.core.train.step import _PATCH_LOCK, Setup, StepMemory, StepRefused, dry_run, tp_problems
 
 # Every strategy with its offload choices, in the order the comparison lists them.
 CHOICES: tuple[tuple[str, bool], ...] = (
@@ -80,8 +80,9 @@ def strategy_estimate(
     started = time.perf_counter()
     try:
         found = _strategy_estimate(config, args, strategy, world_size, offload=offload)
-    except Untrusted as exc:
-        found = RankEstimate(strategy, world_size, offload, 0, 0, "not trusted", problems=[str(exc)])
+    except StepRefused as exc:
+        problem = f"the training step fails under {STRATEGY_WORDS[strategy]}: {exc}"
+        found = RankEstimate(strategy, world_size, offload, 0, 0, "dry run refused", problems=[problem])
     except UserError as exc:
         if mistakes:
             raise
@@ -120,7 +121,6 @@ def _strategy_estimate(
                 "qlora with FSDP2 is not planned here (needs bnb_4bit_quant_storage in a float dtype); use ddp"
             )
         memory = cached_dry_run(config, args, "fsdp2", world_size)
-        _check_fsdp2(memory, config, args, world_size)
         if not offload:
             return RankEstimate(
                 strategy,
@@ -161,27 +161,6 @@ def _strategy_estimate(
             single,
         )
     return _zero_rule(single, args, strategy, world_size, offload)
-
-
-class Untrusted(RuntimeError):
-    """A dry run's figure that a cross-check refuses: the row says why instead of giving it."""
-
-
-UNTRUSTED = 2.0  # an FSDP2 dry run above this multiple of the ZeRO-3 rule's figure is not used
-
-
-def _check_fsdp2(memory: StepMemory, config: Any, args: TrainArgs, world_size: int) -> None:
-    """Refuse an FSDP2 figure that can't be right. Full sharding holds about what ZeRO-3 holds (less: no float32
-    master copy), and on tiny models the fake-mode step matches real gloo runs within 0.2 %; but at 70B the first
-    FSDP2 dry run in a process read 476 GiB per rank for full fine-tuning and the second 82 GiB (the cause is not
-    found yet). Such a figure becomes the row's problem instead of a recommendation."""
-    rule = _zero_rule(cached_dry_run(config, args), args, "zero3", world_size, False)
-    if memory.peak > UNTRUSTED * rule.device_bytes:
-        raise Untrusted(
-            f"FSDP2's fake-mode dry run read {memory.peak / 2**30:.2f} GiB per rank, over {UNTRUSTED:g}x the ZeRO-3 "
-            f"rule's {rule.device_bytes / 2**30:.2f} GiB for the same sharding: not trusted (a known instability "
-            "of nbhw's FSDP2 dry run on deep models)"
-        )
 
 
 def _zero_rule(single: StepMemory, args: TrainArgs, strategy: str, world_size: int, offload: bool) -> RankEstimate:
