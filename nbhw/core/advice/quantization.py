@@ -303,6 +303,17 @@ def plan_check(
     return [], [line] if g.status is not Status.WORKS else []
 
 
+def here_check(word: str, dtype: str, device_map: Any) -> list[str]:
+    """The gate of the quantization a plan asks for, on this machine, as nbhw.quantization() reads it: a problem
+    with its reason and fix unless it works (a package missing here is a problem here, unlike on a target)."""
+    key = method_key(word)
+    config, problem = build_config(key, dtype)
+    g = _gate_on(key, config, problem, where_for(here_target(), dtype, device_map), loads(key)[0])
+    if g.status in {Status.WORKS, Status.DEQUANTIZED}:
+        return []
+    return [f"quantization={word} here: {g.status}: {g.why}" + (f" (fix: {g.fix})" if g.fix else "")]
+
+
 # ---------------------------------------------------------------- the advice as text and HTML
 
 HEADERS = ("method", "loads", "here", "target", "weights", "why", "fix")

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from nbhw.core import argument, render
+from nbhw.core.advice import quantization
+from nbhw.core.advice.quantization_gates import fix_for
 from nbhw.core.advice.quantization_methods import build_config, method_key
 from nbhw.core.cache import Recent
 from nbhw.core.errors import UserError
@@ -100,6 +102,12 @@ def weights_dtype(model: str, source: str | None) -> str | None:
     except Exception:
         return None
     return str(get_state_dict_dtype(state)).removeprefix("torch.")
+
+
+def with_fix(problem: str) -> str:
+    """A quantization refusal with the fix nbhw.quantization() gives for it, unless the message already says it."""
+    fix = fix_for(problem)
+    return problem if fix in problem else f"{problem} (fix: {fix})"
 
 
 class LoadPlan(Shown):
@@ -275,8 +283,9 @@ class LoadPlan(Shown):
             result.notes.append(f"this checkpoint is pre-quantized ({method}): sizes are of the unquantized weights")
         if self.args.quantization is not None:
             result.notes.append(
-                "bitsandbytes dequantizes each weight to the compute dtype for its matmul: that transient is not in "
-                "the dry run (it runs the unquantized model and counts the weights at their quantized size)"
+                f"quantization={self.args.quantization}: the dry run runs the unquantized model and counts the weights "
+                "at their quantized size, so a quantized matmul's transient (bitsandbytes dequantizes each weight to "
+                "the compute dtype for it) is not in it"
             )
         return result
 
@@ -425,7 +434,9 @@ class LoadPlan(Shown):
         placement = self.weight_placement
         if placement is not None:
             problems += placement.problems
-            problems += self.quantizer.errors if self.quantizer is not None else []
+            # the quantizer's own device_map checks, unless the quantization is already refused (the same words)
+            said = any(p.startswith("quantization") for p in problems)
+            problems += [with_fix(e) for e in self.quantizer.errors] if self.quantizer is not None and not said else []
             problems += self._device_problems(placement)
             if build is not None and build.ok:
                 problems += self._flash_problems(placement)
@@ -472,15 +483,18 @@ class LoadPlan(Shown):
         if self.args.quantization is not None:
             asked, problem = build_config(method_key(self.args.quantization), self.dtype)
             if asked is None:
-                return [f"quantization={self.args.quantization}: the config can't be built here: {problem}"]
+                return [with_fix(f"quantization={self.args.quantization}: the config can't be built here: {problem}")]
         try:
             with meta_build.quiet():
                 device_map = check_and_set_device_map(copy.deepcopy(self.args.device_map))
                 get_hf_quantizer(copy.deepcopy(self.config.config), asked, device_map, True, {})
         except Exception as exc:
             what = f"quantization={self.args.quantization}" if asked is not None else "this pre-quantized checkpoint"
-            return [f"{what}: {type(exc).__name__}: {' '.join(str(exc).split())}"]
-        return []
+            return [with_fix(f"{what}: {type(exc).__name__}: {' '.join(str(exc).split())}")]
+        if self.args.quantization is None:
+            return []
+        with meta_build.quiet():  # the method's gate, as nbhw.quantization() reads it (past transformers' quirks)
+            return quantization.here_check(self.args.quantization, self.dtype, self.args.device_map)
 
     def _device_problems(self, placement: Placement) -> list[str]:
         return presence.absent(list(placement.device_map.values()), self.rows, self.live.accelerator)
