@@ -431,12 +431,12 @@ class LoadPlan(Shown):
         if build is not None and not build.ok:
             problems.append(f"transformers refuses the model build: {build.error_type}: {build.error}")
         problems += self._quantization_problems() if self.target is None else self._target_problems()
+        if self.quantization_refused(problems):
+            return problems  # the method can't run there: where its layers would go is moot (and a placement's cost)
         placement = self.weight_placement
         if placement is not None:
             problems += placement.problems
-            # the quantizer's own device_map checks, unless the quantization is already refused (the same words)
-            said = any(p.startswith("quantization") for p in problems)
-            problems += [with_fix(e) for e in self.quantizer.errors] if self.quantizer is not None and not said else []
+            problems += [with_fix(e) for e in self.quantizer.errors] if self.quantizer is not None else []
             problems += self._device_problems(placement)
             if build is not None and build.ok:
                 problems += self._flash_problems(placement)
@@ -444,6 +444,11 @@ class LoadPlan(Shown):
                 used = list(placement.device_map.values())
                 problems += for_target.unused_devices(used, self.target, placement.strategy)
         return problems
+
+    def quantization_refused(self, problems: list[str] | None = None) -> bool:
+        """Whether the quantization asked for is refused on this machine or the target (its problems lead check())."""
+        found = self.check() if problems is None else problems
+        return self.args.quantization is not None and any(p.startswith("quantization") for p in found)
 
     def _target_problems(self) -> list[str]:
         """What a build here can't answer for the target: its attention rules and its quantization checks."""
@@ -494,7 +499,7 @@ class LoadPlan(Shown):
         if self.args.quantization is None:
             return []
         with meta_build.quiet():  # the method's gate, as nbhw.quantization() reads it (past transformers' quirks)
-            return quantization.here_check(self.args.quantization, self.dtype, self.args.device_map)
+            return quantization.here_check(self.args.quantization, self.dtype, self.args.device_map, self.rows)
 
     def _device_problems(self, placement: Placement) -> list[str]:
         return presence.absent(list(placement.device_map.values()), self.rows, self.live.accelerator)
