@@ -80,7 +80,7 @@ def where_of(plan_: LoadPlan) -> int | None:
 def judge(option: Option, plan_: LoadPlan, named_hardware: bool) -> Judged:
     with meta_build.quiet():
         problems = plan_.check()
-    if plan_.quantization_refused(problems):  # its method can't run there: no placement is made (the cost of most)
+    if plan_.quantization_refused:  # its method can't run there: no placement is made (the cost of most)
         return Judged(option, plan_, problems, None)
     with meta_build.quiet():
         absent = set(plan_.absent_devices) if named_hardware else set()

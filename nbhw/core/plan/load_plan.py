@@ -129,6 +129,7 @@ class LoadPlan(Shown):
         self.args = args
         self.offline = offline
         self._problems: list[str] | None = None
+        self._quantization_refused = False  # set by check(): see quantization_refused
         if rows is not None:  # a machine read already (the solver plans many options against one read)
             self.__dict__["rows"] = rows
         if config is not None:  # the config as read already (one read for the solver's many plans of a model)
@@ -431,7 +432,8 @@ class LoadPlan(Shown):
         if build is not None and not build.ok:
             problems.append(f"transformers refuses the model build: {build.error_type}: {build.error}")
         problems += self._quantization_problems() if self.target is None else self._target_problems()
-        if self.quantization_refused(problems):
+        if self.args.quantization is not None and any(p.startswith("quantization") for p in problems):
+            self._quantization_refused = True
             return problems  # the method can't run there: where its layers would go is moot (and a placement's cost)
         placement = self.weight_placement
         if placement is not None:
@@ -445,10 +447,12 @@ class LoadPlan(Shown):
                 problems += for_target.unused_devices(used, self.target, placement.strategy)
         return problems
 
-    def quantization_refused(self, problems: list[str] | None = None) -> bool:
-        """Whether the quantization asked for is refused on this machine or the target (its problems lead check())."""
-        found = self.check() if problems is None else problems
-        return self.args.quantization is not None and any(p.startswith("quantization") for p in found)
+    @property
+    def quantization_refused(self) -> bool:
+        """Whether check() stopped at the quantization asked for: refused on this machine or the target, before
+        any placement was made."""
+        self.check()
+        return self._quantization_refused
 
     def _target_problems(self) -> list[str]:
         """What a build here can't answer for the target: its attention rules and its quantization checks."""
