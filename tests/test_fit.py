@@ -15,9 +15,11 @@ import transformers as tf
 from IPython.core.error import UsageError
 
 import nbhw
+from nbhw.core.advice.quantization_methods import Loads, build_config, loads, method_key, plan_words
+from nbhw.core.advice.quantization_sizes import SizingQuantizer
 from nbhw.core.errors import UserError
 from nbhw.core.fit import solver
-from nbhw.core.fit.options import WHERE_OF_KIND, options
+from nbhw.core.fit.options import WHERE_OF_KIND, options, quantization_order
 from nbhw.core.hf.meta_build import quiet
 from nbhw.core.plan.load_plan import LoadPlan
 from tests import families, published
@@ -123,6 +125,11 @@ def test_solver_equals_brute_force_on_the_grid(folders: dict[str, str]) -> None:
             pinned |= {"attn_implementation": "sdpa", "use_kernels": False}
         if i % 5:
             pinned |= {"device_map": "auto"}
+        # every quantization method in every tenth case (most are refused here, their reasons compared all the
+        # same); elsewhere quantization is pinned off (test_each_method_that_runs_here_wins_where_its_budget_says
+        # gives the methods budgets that reach them)
+        if i % 10 != 2:
+            pinned |= {"quantization": None}
         result = nbhw.fit(folders[model], **pinned)
         base = result.search.base
         planned = brute_force(folders[model], dict(result.search.pinned), base)
@@ -145,6 +152,64 @@ def test_solver_equals_brute_force_on_the_grid(folders: dict[str, str]) -> None:
     assert answered and nothing, (answered, nothing)
 
 
+def test_quantization_is_searched_in_the_documented_order() -> None:
+    order = quantization_order()
+    assert sorted(order) == sorted(plan_words())  # every word a plan takes, once: the plan's own list
+    assert order.index("8bit") == 0 and order.index("8bit") < order.index("quanto") < order.index("4bit")
+
+    def bits(word: str) -> float:
+        key = method_key(word)
+        element = SizingQuantizer(key, build_config(key, "bfloat16")[0]).element
+        return 8 * element if element is not None else 0.0  # unknown here (its config needs its package): last
+
+    assert [bits(w) for w in order] == sorted((bits(w) for w in order), reverse=True)
+    for word in order:  # within the same bits: on load before calibrated, bitsandbytes first
+        same = [w for w in order if bits(w) == bits(word)]
+        calibrated = [loads(method_key(w))[0] is Loads.CALIBRATED for w in same]
+        assert calibrated == sorted(calibrated), same
+        assert same[0] in ("8bit", "4bit") or not {"8bit", "4bit"} & set(same), same
+    searched = dict.fromkeys((o.dtype, o.quantization) for o in options("float32", {}, has_budget=False))
+    assert list(searched) == [("auto", None), ("bfloat16", None), ("float16", None), *(("auto", q) for q in order)]
+
+
+def _need(folder: str, context: int, quantization: str | None) -> int | None:
+    """What the run needs on one device with this quantization; None when its plan is refused here."""
+    p = nbhw.plan(folder, device_map=0, max_memory={0: 2**40}, context=context, reserve=0, quantization=quantization)
+    with quiet():
+        if [x for x in p.check() if x not in p.absent_devices] or p.placement is None:
+            return None
+        return int(p.placement.devices[0].needed_bytes)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["qwen3", "mistral"])  # bfloat16 checkpoints: no smaller float dtype
+def test_each_method_that_runs_here_wins_where_its_budget_says(folders: dict[str, str], model: str) -> None:
+    folder, context = folders[model], 200
+    pinned: dict[str, Any] = {"context": context, "reserve": 0, "attn_implementation": "sdpa", "use_kernels": False,
+                              "device_map": "auto"}  # fmt: skip
+    needs_of = {q: _need(folder, context, q) for q in [None, *quantization_order()]}
+    runs_here = [q for q, need in needs_of.items() if need is not None and q is not None]
+    assert "quanto" in runs_here, needs_of  # optimum-quanto is in the test environment
+    needs = sorted({need for need in needs_of.values() if need is not None})
+    # a budget between each pair of neighbouring needs, and one under the least: each option that runs here wins
+    # where its own need is the largest that fits, unless one ranked ahead of it needs no more
+    budgets = [int(need * 1.001) for need in needs] + [needs[0] // 2]
+    won = set()
+    for budget in budgets:
+        result = nbhw.fit(folder, max_memory={0: budget}, accelerators_only=True, **pinned)
+        planned = brute_force(folder, dict(result.search.pinned), result.search.base)
+        ranked = [index for index, (_, _, _, where, fits) in enumerate(planned) if fits and where == 0]
+        assert result.option == (planned[ranked[0]][0] if ranked else None), budget
+        for r in result.rejected:
+            _, own, problems, where, _ = planned[result.search.options.index(r.option)]
+            assert r.reason == expected_reason(own, problems, where, r.stage), r.option
+        won.add(result.option.quantization if result.option else "nothing")
+        refused = [r for r in result.rejected if r.why == "refused" and r.option.quantization]
+        assert all("pip install" in r.reason or "fix: " in r.reason for r in refused), [r.reason for r in refused]
+    assert {*runs_here, None, "nothing"} <= won, (won, needs_of)
+    print(model, {q: need for q, need in needs_of.items() if need is not None}, "answers:", won)
+
+
 # ---------------------------------------------------------------- bad input
 
 
@@ -155,7 +220,9 @@ def llama70b(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def test_an_impossible_request_is_an_answer_not_an_exception(llama70b: str) -> None:
     # a 70B at 128k on one T4: the prefill's logits alone (131,072 x 128,256 x 4 B) are over any 15 GiB device
-    result = nbhw.fit(llama70b, context="128k", max_memory={0: "15GiB"}, accelerators_only=True)
+    # attention and kernels pinned: every quantization method is searched (quanto's plans run a dry run each here)
+    result = nbhw.fit(llama70b, context="128k", max_memory={0: "15GiB"}, accelerators_only=True,
+                      attn_implementation="sdpa", use_kernels=False)  # fmt: skip
     assert result.plan is None and result.code is None
     assert result.rejected and all(r.reason for r in result.rejected[:50])
     assert "nothing fits" in result.text() and result.to_dict()["fits"] is False
@@ -214,6 +281,8 @@ def test_when_nothing_fits_a_target_more_of_its_cards_are_the_nearest_change(lla
         ({"batch": 0}, "batch 0 is out of range"),
         ({"quantize": "4bit"}, "unknown argument 'quantize'"),
         ({"dtype": "int8"}, "dtype"),
+        ({"quantization": "int3"}, "unknown quantization 'int3'; valid: 4bit, 8bit, "),
+        ({"quantization": "awq"}, "quantization (transformers' awq pre-quantized checkpoints only) 'awq'; valid: 4bit"),
     ],
 )
 def test_conflicting_or_bad_options_are_one_line_errors(values: dict[str, Any], message: str) -> None:

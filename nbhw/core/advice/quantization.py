@@ -36,7 +36,7 @@ from nbhw.core.advice.status import Status
 from nbhw.core.argument import checked, signature
 from nbhw.core.dtypes import AUTO
 from nbhw.core.errors import UserError
-from nbhw.core.hardware.data import to_plain
+from nbhw.core.hardware.data import BackendStatus, to_plain
 from nbhw.core.hardware.detect import detect
 from nbhw.core.hardware.targets import Target as CatalogTarget
 from nbhw.core.hardware.targets import target_of
@@ -69,9 +69,18 @@ def where_for(t: Target, dtype: str | None = None, device_map: Any = None) -> Wh
     return Where(label, device, device_map, chosen, t.device_type, code_map, t.catalog is not None)
 
 
-def here_target() -> Target:
-    """This machine's best usable device, as the attention advisor picks it."""
-    return parse_device(None, detect())
+_HERE: dict[tuple[tuple[str, bool, int], ...], Target] = {}
+
+
+def here_target(rows: list[BackendStatus] | None = None) -> Target:
+    """This machine's best usable device, as the attention advisor picks it; given ``rows`` (a read of the backends
+    already made, a plan's), detection runs once per set of usable devices they show (it takes ~0.5 s)."""
+    if rows is None:
+        return parse_device(None, detect())
+    seen = tuple((r.key, r.usable, len(r.devices)) for r in rows)
+    if seen not in _HERE:
+        _HERE[seen] = parse_device(None, detect())
+    return _HERE[seen]
 
 
 # ---------------------------------------------------------------- rows
@@ -301,6 +310,18 @@ def plan_check(
     if g.status in {Status.WONT, Status.NOT_CHECKED}:
         return [line], []
     return [], [line] if g.status is not Status.WORKS else []
+
+
+def here_check(word: str, dtype: str, device_map: Any, rows: list[BackendStatus]) -> list[str]:
+    """The gate of the quantization a plan asks for, on this machine (``rows``: the plan's read of its backends), as
+    nbhw.quantization() reads it: a problem with its reason and fix unless it works (a package missing here is a
+    problem here, unlike on a target)."""
+    key = method_key(word)
+    config, problem = build_config(key, dtype)
+    g = _gate_on(key, config, problem, where_for(here_target(rows), dtype, device_map), loads(key)[0])
+    if g.status in {Status.WORKS, Status.DEQUANTIZED}:
+        return []
+    return [f"quantization={word} here: {g.status}: {g.why}" + (f" (fix: {g.fix})" if g.fix else "")]
 
 
 # ---------------------------------------------------------------- the advice as text and HTML

@@ -193,6 +193,11 @@ def _verdict(out: _Pass, where: Where, installs: list[str], notes: list[str]) ->
     return Gate(Status.WORKS, f"transformers' checks pass on {where.label}", None, READ, installs, notes=notes)
 
 
+def fix_for(problem: str) -> str:
+    """The fix for one of transformers' refusals (a plan's problem): the package it names, else what it asks for."""
+    return install_hint(problem) or _device_fix(Exception(problem), None)
+
+
 def _device_fix(exc: BaseException, install: str | None) -> str:
     """What the refusal asks for, in the words of transformers' own message."""
     text = str(exc)

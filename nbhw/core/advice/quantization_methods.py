@@ -151,10 +151,16 @@ def loads(key: str) -> tuple[Loads, str]:
     return Loads.ON_LOAD, f"{name}.get_quantize_ops quantizes each weight as it loads"
 
 
+_WORDS: dict[tuple[tuple[str, Any], ...], list[str]] = {}  # by transformers' mapping: reading each source is slow
+
+
 def plan_words() -> list[str]:
     """What ``quantization=`` takes: 4bit / 8bit (bitsandbytes), then every method transformers quantizes on load."""
-    found = [key for key in methods() if loads(key)[0].quantizes_here and key not in BITSANDBYTES_WORDS.values()]
-    return [*BITSANDBYTES_WORDS, *found]
+    mapping = tuple(_auto().AUTO_QUANTIZER_MAPPING.items())
+    if mapping not in _WORDS:  # every plan's arguments are checked with it: read once per mapping (24 ms each)
+        found = [key for key, _ in mapping if loads(key)[0].quantizes_here and key not in BITSANDBYTES_WORDS.values()]
+        _WORDS[mapping] = [*BITSANDBYTES_WORDS, *found]
+    return list(_WORDS[mapping])
 
 
 def check_method(value: Any) -> str | None:

@@ -6,7 +6,13 @@ cache_implementation). Options are ranked by, in turn:
 
 1. **where the layers are**: every layer on accelerators, then with CPU offload, then with disk offload
    (a budget with no accelerator at all counts the CPU as the device);
-2. **precision**: the checkpoint's dtype, then smaller floating dtypes, then 8-bit, then 4-bit quantization;
+2. **precision**: the checkpoint's dtype, then smaller floating dtypes, then quantization by the bits it keeps per
+   weight, more first (8-bit methods, then 4-bit ones; a method whose bits can't be read here, its config needing its
+   package, after them). Within the same bits: methods that quantize as the weights load before those that
+   calibrate on a dataset at load (gptq), then bitsandbytes (the plan's words ``8bit`` / ``4bit``), torchao, HQQ and
+   quanto, in that order (:data:`QUANTIZATION_FIRST`: the most used, with kernels on most devices, then the portable
+   ones), then the rest in transformers' own order. Whether a method can run here (or on the target) is its plan's
+   check: one that can't is a rejection with its reason and fix, never an answer;
 3. **cache**: the model's own cache (full precision, on the device), then an offloaded cache, then a quantized
    cache (:data:`CACHE_ORDER`);
 4. **attention**: faster before slower (:data:`ATTENTION_ORDER`);
@@ -23,16 +29,18 @@ the run, never where the layers go, so stage 1 (layers on accelerators) still be
 
 The first option that fits by this order is the answer. Every list is read at run time from what transformers
 offers (its attention registry, its device_map strategies, its cache implementations, the quantization words a plan
-takes).
+takes: every method nbhw.quantization() finds transformers quantizes on load with, sized by the same quantizer
+stand-in the plan uses).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from nbhw.core.plan.arguments import QUANTIZATION, MemoryKey, cache_implementations, strategy_names
+from nbhw.core.plan.arguments import MemoryKey, cache_implementations, strategy_names
 
 # Where the layers are, best first: the placement kinds of a weights-only placement (nbhw.core.plan.placement).
 WHERE = ("on accelerators", "with CPU offload", "with disk offload")
@@ -41,7 +49,9 @@ WHERE_OF_KIND = {"one_device": 0, "split": 0, "cpu_offload": 1, "disk": 2}
 # searched when you pin it.
 ATTENTION_ORDER = ("flash_attention_3", "flash_attention_2", "sdpa", "eager")
 SMALLER_DTYPES = ("bfloat16", "float16")  # tried below a float32 checkpoint's own dtype, in this order
-QUANTIZATION_ORDER = ("8bit", "4bit")  # higher precision first
+# Within the same bits, these quantization words first, in this order (module docstring, 2.); the rest follow in
+# transformers' order. A word this transformers doesn't take is left out.
+QUANTIZATION_FIRST = ("8bit", "4bit", "torchao", "hqq", "quanto")
 # cache_implementation words, best first (None: the model's own cache, what generate() makes unasked); another one
 # transformers lists (static, offloaded_static) is only searched when you pin it: neither holds less than these.
 CACHE_ORDER = (None, "offloaded", "quantized")
@@ -85,12 +95,31 @@ def attention_words() -> tuple[str, ...]:
     return tuple(a for a in ATTENTION_ORDER if a in registered)
 
 
+@functools.cache
+def quantization_order() -> tuple[str, ...]:
+    """Every ``quantization=`` word a plan takes, in the documented order: more bits per weight first, then on-load
+    before calibrated, then :data:`QUANTIZATION_FIRST`, then transformers' order."""
+    # lazy: reads transformers' quantizers (importing every installed quantization package), once per process
+    from nbhw.core.advice.quantization_methods import Loads, build_config, loads, method_key, plan_words
+    from nbhw.core.advice.quantization_sizes import SizingQuantizer
+
+    def rank(index_word: tuple[int, str]) -> tuple[float, bool, int, int]:
+        index, word = index_word
+        key = method_key(word)
+        bytes_per_weight = SizingQuantizer(key, build_config(key, "bfloat16")[0]).element
+        bits = -8 * bytes_per_weight if bytes_per_weight is not None else float("inf")
+        first = QUANTIZATION_FIRST.index(word) if word in QUANTIZATION_FIRST else len(QUANTIZATION_FIRST)
+        return bits, loads(key)[0] is Loads.CALIBRATED, first, index
+
+    return tuple(word for _, word in sorted(enumerate(plan_words()), key=rank))
+
+
 def precisions(checkpoint_dtype: str, pinned: dict[str, Any]) -> list[tuple[str, str | None]]:
     """(dtype, quantization) pairs, higher precision first; a pinned dtype or quantization is kept."""
     size = ITEMSIZE.get(checkpoint_dtype, 4)
     floats = ["auto", *(d for d in SMALLER_DTYPES if ITEMSIZE[d] < size)]
     dtypes = [pinned["dtype"]] if "dtype" in pinned else floats
-    quantized = [q for q in QUANTIZATION_ORDER if q in QUANTIZATION]
+    quantized = quantization_order()
     if "quantization" in pinned:
         return [(d, pinned["quantization"]) for d in dtypes]
     # quantizing starts from the checkpoint's own dtype (bitsandbytes keeps it as the compute dtype)

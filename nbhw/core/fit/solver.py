@@ -70,14 +70,22 @@ class Judged:
     where: int | None
 
 
+def where_of(plan_: LoadPlan) -> int | None:
+    """Where the plan's weights-only placement puts the layers (an index of WHERE; None: not placed)."""
+    with meta_build.quiet():
+        placement = plan_.weight_placement
+    return WHERE_OF_KIND.get(placement.kind) if placement is not None else None
+
+
 def judge(option: Option, plan_: LoadPlan, named_hardware: bool) -> Judged:
     with meta_build.quiet():
         problems = plan_.check()
+    if plan_.quantization_refused:  # its method can't run there: no placement is made (the cost of most)
+        return Judged(option, plan_, problems, None)
+    with meta_build.quiet():
         absent = set(plan_.absent_devices) if named_hardware else set()
-        placement = plan_.weight_placement
     problems = [p for p in problems if p not in absent]
-    where = WHERE_OF_KIND.get(placement.kind) if placement is not None else None
-    return Judged(option, plan_, problems, where)
+    return Judged(option, plan_, problems, where_of(plan_))
 
 
 @dataclass
@@ -277,7 +285,7 @@ def _installs(search: Search) -> Iterator[Change]:
             continue
         with meta_build.quiet():
             fits = found.plan.run_fits
-        if fits and found.where in search.stages:
+        if fits and where_of(found.plan) in search.stages:
             yield Change(f"{'; '.join(found.problems)} — then {found.option.words()}", found.plan)
             return
 

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from nbhw.core import argument, render
+from nbhw.core.advice import quantization
+from nbhw.core.advice.quantization_gates import fix_for
 from nbhw.core.advice.quantization_methods import build_config, method_key
 from nbhw.core.cache import Recent
 from nbhw.core.errors import UserError
@@ -102,6 +104,12 @@ def weights_dtype(model: str, source: str | None) -> str | None:
     return str(get_state_dict_dtype(state)).removeprefix("torch.")
 
 
+def with_fix(problem: str) -> str:
+    """A quantization refusal with the fix nbhw.quantization() gives for it, unless the message already says it."""
+    fix = fix_for(problem)
+    return problem if fix in problem else f"{problem} (fix: {fix})"
+
+
 class LoadPlan(Shown):
     """A from_pretrained plan: ``.code``, ``.check()``, ``.estimate``, ``.placement``; renders as a report.
 
@@ -121,6 +129,7 @@ class LoadPlan(Shown):
         self.args = args
         self.offline = offline
         self._problems: list[str] | None = None
+        self._quantization_refused = False  # set by check(): see quantization_refused
         if rows is not None:  # a machine read already (the solver plans many options against one read)
             self.__dict__["rows"] = rows
         if config is not None:  # the config as read already (one read for the solver's many plans of a model)
@@ -275,8 +284,9 @@ class LoadPlan(Shown):
             result.notes.append(f"this checkpoint is pre-quantized ({method}): sizes are of the unquantized weights")
         if self.args.quantization is not None:
             result.notes.append(
-                "bitsandbytes dequantizes each weight to the compute dtype for its matmul: that transient is not in "
-                "the dry run (it runs the unquantized model and counts the weights at their quantized size)"
+                f"quantization={self.args.quantization}: the dry run runs the unquantized model and counts the weights "
+                "at their quantized size, so a quantized matmul's transient (bitsandbytes dequantizes each weight to "
+                "the compute dtype for it) is not in it"
             )
         return result
 
@@ -424,10 +434,13 @@ class LoadPlan(Shown):
         if build is not None and not build.ok:
             problems.append(f"transformers refuses the model build: {build.error_type}: {build.error}")
         problems += self._quantization_problems() if self.target is None else self._target_problems()
+        if self.args.quantization is not None and any(p.startswith("quantization") for p in problems):
+            self._quantization_refused = True
+            return problems  # the method can't run there: where its layers would go is moot (and a placement's cost)
         placement = self.weight_placement
         if placement is not None:
             problems += placement.problems
-            problems += self.quantizer.errors if self.quantizer is not None else []
+            problems += [with_fix(e) for e in self.quantizer.errors] if self.quantizer is not None else []
             problems += self._device_problems(placement)
             if build is not None and build.ok:
                 problems += self._flash_problems(placement)
@@ -435,6 +448,13 @@ class LoadPlan(Shown):
                 used = list(placement.device_map.values())
                 problems += for_target.unused_devices(used, self.target, placement.strategy)
         return problems
+
+    @property
+    def quantization_refused(self) -> bool:
+        """Whether check() stopped at the quantization asked for: refused on this machine or the target, before
+        any placement was made."""
+        self.check()
+        return self._quantization_refused
 
     def _target_problems(self) -> list[str]:
         """What a build here can't answer for the target: its attention rules and its quantization checks."""
@@ -474,15 +494,18 @@ class LoadPlan(Shown):
         if self.args.quantization is not None:
             asked, problem = build_config(method_key(self.args.quantization), self.dtype)
             if asked is None:
-                return [f"quantization={self.args.quantization}: the config can't be built here: {problem}"]
+                return [with_fix(f"quantization={self.args.quantization}: the config can't be built here: {problem}")]
         try:
             with meta_build.quiet():
                 device_map = check_and_set_device_map(copy.deepcopy(self.args.device_map))
                 get_hf_quantizer(copy.deepcopy(self.config.config), asked, device_map, True, {})
         except Exception as exc:
             what = f"quantization={self.args.quantization}" if asked is not None else "this pre-quantized checkpoint"
-            return [f"{what}: {type(exc).__name__}: {' '.join(str(exc).split())}"]
-        return []
+            return [with_fix(f"{what}: {type(exc).__name__}: {' '.join(str(exc).split())}")]
+        if self.args.quantization is None:
+            return []
+        with meta_build.quiet():  # the method's gate, as nbhw.quantization() reads it (past transformers' quirks)
+            return quantization.here_check(self.args.quantization, self.dtype, self.args.device_map, self.rows)
 
     def _device_problems(self, placement: Placement) -> list[str]:
         return presence.absent(list(placement.device_map.values()), self.rows, self.live.accelerator)
