@@ -119,6 +119,23 @@ def test_an_optimizer_holds_its_states_and_shares_the_parameters_with_the_model(
     balanced(report)
 
 
+def test_a_tensor_only_a_modules_hook_closure_keeps_is_the_models(shell: Any) -> None:
+    # The walk drops empty builtin containers (a module's dozen empty hook dicts): a filled one is still walked.
+    run(
+        shell,
+        "model = nn.Linear(2, 2)\n"
+        "def hooked():\n"
+        "    scale = torch.zeros(1000)\n"
+        "    model.register_forward_hook(lambda m, i, o: o * scale.sum())\n"
+        "    model.register_forward_pre_hook(lambda m, i: i)\n"
+        "hooked()",
+    )
+    model = shell.user_ns["model"]
+    report = shell_holders(shell)
+    assert report.held_by("model") == 4000 + storage_bytes(list(model.parameters()))
+    balanced(report)
+
+
 def test_the_output_history_holds_what_a_cell_displayed(shell: Any) -> None:
     result = run(shell, "torch.ones(50)")
     n = result.execution_count

@@ -20,7 +20,7 @@ import gc
 import time
 import types
 from collections import OrderedDict, defaultdict, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from itertools import chain, compress, repeat
 from operator import attrgetter, is_, is_not, not_
 from typing import Any
@@ -124,9 +124,9 @@ class Walker:
         if not tensors:
             return
         self._held.extend(tensors)
-        plain = self._plain
-        simple = [t for t in tensors if type(t) in plain]
-        others = [t for t in tensors if type(t) not in plain] if len(simple) < len(tensors) else []
+        is_plain = list(map(self._plain.__contains__, map(type, tensors)))
+        simple = list(compress(tensors, is_plain))
+        others = list(compress(tensors, map(not_, is_plain))) if len(simple) < len(tensors) else []
         if simple and not self._read_plain(simple):
             others += simple  # a sparse or vmap tensor among them: one by one
         for tensor in others:
@@ -166,6 +166,9 @@ class Walker:
         """Each storage's bytes (the largest seen for its address) and a tensor that views it."""
         sizes, examples = self.sizes, self.examples
         fresh = dict(zip(keys, nbytes, strict=True))
+        if len(fresh) == len(keys) and not sizes:  # the first batch (a walk's largest): taken whole
+            self.sizes, self.examples = fresh, dict(zip(keys, tensors, strict=True))
+            return
         if len(fresh) == len(keys) and fresh.keys().isdisjoint(sizes):
             sizes.update(fresh)
             examples.update(zip(keys, tensors, strict=True))
@@ -328,8 +331,9 @@ class Walker:
         known, linked = self._keys_of, self._linked
         ids = list(map(id, tensors))
         if not linked.issuperset(ids):  # not read yet in this walk (the scan reads only storages)
-            fresh = [t for t in tensors if id(t) not in linked]
-            self._read_all_keys([t for t in fresh if id(t) not in known])
+            fresh = tensors if linked.isdisjoint(ids) else _without(tensors, ids, linked)
+            fresh_ids = ids if fresh is tensors else list(map(id, fresh))
+            self._read_all_keys(fresh if known.keys().isdisjoint(fresh_ids) else _without(fresh, fresh_ids, known))
             self._read_links(fresh)
         keys.update(chain.from_iterable(map(known.__getitem__, ids)))
         if self._grad_of:
@@ -436,6 +440,11 @@ class Walker:
                     if data is not None:
                         out.append(data)
         return out
+
+
+def _without(objects: list[Any], ids: list[int], known: Collection[int]) -> list[Any]:
+    """The objects whose id (``ids``, in the same order) is not in ``known``."""
+    return list(compress(objects, map(not_, map(known.__contains__, ids))))
 
 
 def _propagate(mask: dict[int, int], children: dict[int, list[object]], indegree: dict[int, int]) -> None:
