@@ -35,6 +35,8 @@ LAZY = {
     ("nbhw/__main__.py", "from nbhw.core import memory"),  # numpy only for `python -m nbhw memory`
     ("nbhw/magics.py", "from nbhw.core.train.train_plan import from_words"),  # torch and peft only for %hw train
     ("nbhw/__main__.py", "from nbhw.core.train.train_plan import from_words"),
+    # the Load tab's first code: the holders view (and nbhw.session) only when the Memory tab opens
+    ("nbhw/ui/panel.py", "from nbhw.ui.holders import HoldersView"),
 }
 
 

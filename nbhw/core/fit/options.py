@@ -40,6 +40,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
+from nbhw.core.advice.quantization_methods import Loads, build_config, loads, method_key, plan_words
+from nbhw.core.advice.quantization_sizes import SizingQuantizer
 from nbhw.core.plan.arguments import MemoryKey, cache_implementations, strategy_names
 
 # Where the layers are, best first: the placement kinds of a weights-only placement (nbhw.core.plan.placement).
@@ -99,10 +101,8 @@ def attention_words() -> tuple[str, ...]:
 def quantization_order() -> tuple[str, ...]:
     """Every ``quantization=`` word a plan takes, in the documented order: more bits per weight first, then on-load
     before calibrated, then :data:`QUANTIZATION_FIRST`, then transformers' order."""
-    # lazy: reads transformers' quantizers (importing every installed quantization package), once per process
-    from nbhw.core.advice.quantization_methods import Loads, build_config, loads, method_key, plan_words
-    from nbhw.core.advice.quantization_sizes import SizingQuantizer
 
+    # reads transformers' quantizers (importing every installed quantization package), once per process
     def rank(index_word: tuple[int, str]) -> tuple[float, bool, int, int]:
         index, word = index_word
         key = method_key(word)

@@ -98,6 +98,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     ),
     # transformers: generate()'s own steps, run by the dry run in its order (nbhw/core/plan/run.py)
     _n(TF, "PreTrainedModel._get_dtype_plan", "call", TF_V, "the dtype plan from_pretrained applies (fp32 modules)"),
+    _n(TF, "PreTrainedModel._from_config", "call", TF_V, "the few-layer model a deep model's dry run records"),
     _n(f"{TF}.core_model_loading", "build_glob_alternation", "call", TF_V, "from_pretrained's matcher of the plan"),
     _n(GEN, "GenerationMixin._prepare_generation_config", "call", TF_V, "generate()'s merge of generation options"),
     _n(GEN, "GenerationMixin._prepare_cache_for_generation", "call", TF_V, "the cache generate() creates"),
