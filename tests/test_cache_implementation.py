@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import io
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +20,13 @@ from nbhw.core.hf.meta_build import quiet
 from nbhw.core.hf.tiny_model import tiny_model_path
 from tests import families
 from tests.realrun import real_generate
-from tests.test_run import config_only, saved
+from tests.test_run import (
+    config_only,
+    one_thread,  # noqa: F401  (autouse: this module's tests on one torch thread)
+    saved,
+)
 
 BATCH, CONTEXT = 2, 257  # a 256-token prompt: quanto groups the cached keys by 64 (its q_group_size)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
