@@ -28,12 +28,8 @@ from nbhw.core.train.train_form import TrainForm, task_options
 from nbhw.ui.codebox import codebox, highlight, quick_html
 from nbhw.ui.train import TrainView
 from nbhw.ui.tree import close_tree
-from nbhw.ui.worker import LOCK, Worker, locked, unexpected
+from nbhw.ui.worker import CONTROL_DELAY, LOCK, Worker, locked, unexpected
 
-# A change of a control is one message (dropdowns, checkboxes, and text fields on Enter), so a change is planned at
-# once: no quiet time. A burst still ends on its last change: the worker keeps only the newest job, and a job made
-# stale by a newer change stops at its next part (its dry run between two ops).
-DEBOUNCE = 0.0
 DEFAULT = ""  # the dropdown value of "None" (the default): ipywidgets reads a None value as "nothing selected"
 LABEL_WIDTH = "150px"
 CHOICES_CACHE = 16
@@ -474,7 +470,7 @@ class LoadView:
             self.message.value = "<span class='nbhw-note'>planning…</span>"
             self.refresh()
 
-    def refresh(self, delay: float = DEBOUNCE) -> int:
+    def refresh(self, delay: float = CONTROL_DELAY) -> int:
         """Plan the current form in the background, each part shown as it comes; the job's generation."""
         form = self.form
         return self.worker.submit(

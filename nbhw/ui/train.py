@@ -19,9 +19,8 @@ from nbhw.core.train import train_form
 from nbhw.core.train.train_form import TRAIN_CONTROLS, TrainForm, TrainPreview
 from nbhw.ui.codebox import codebox, highlight
 from nbhw.ui.tree import close_tree
-from nbhw.ui.worker import LOCK, Worker, locked, unexpected
+from nbhw.ui.worker import CONTROL_DELAY, LOCK, Worker, locked, unexpected
 
-DEBOUNCE = 0.0  # as the Load tab's: a change of a control is one message, planned at once
 DEFAULT = ""  # the dropdown value of None: ipywidgets reads a None value as "nothing selected"
 LABEL_WIDTH = "220px"  # the longest name, gradient_accumulation_steps, whole
 WIDTH = "500px"
@@ -183,7 +182,7 @@ class TrainView:
             self.message.value = PLANNING
             self.refresh()
 
-    def refresh(self, delay: float = DEBOUNCE) -> int:
+    def refresh(self, delay: float = CONTROL_DELAY) -> int:
         """Plan the current form in the background; the job's generation."""
         form = self.form
         return self.worker.submit(

@@ -19,9 +19,13 @@ from typing import Any
 
 from nbhw.ui.memory import LOCK  # the one lock of every nbhw widget, shared with the memory graph
 
-__all__ = ["DEBOUNCE", "LOCK", "THREAD_NAME", "Job", "Poster", "Worker", "locked"]
+__all__ = ["CONTROL_DELAY", "DEBOUNCE", "LOCK", "THREAD_NAME", "Job", "Poster", "Worker", "locked"]
 
 DEBOUNCE = 0.15
+# A change of a control is one message (dropdowns, checkboxes, and text fields on Enter), so the Load tab and its
+# Train mode plan a change at once: no quiet time. A burst still ends on its last change: the worker keeps only the
+# newest job, and a job made stale by a newer change stops at its next part (its dry run between two ops).
+CONTROL_DELAY = 0.0
 THREAD_NAME = "nbhw-panel"
 
 
