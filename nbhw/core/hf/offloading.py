@@ -122,11 +122,11 @@ def _parts(found: Any) -> list[Any]:
 
 
 def stand_in_streams(found: Any, target: str) -> None:
-    """Give each offloading part of a cache (made by transformers) stand-in streams for ``target``."""
+    """Bind to each offloading part of a cache a copy of transformers' ``update`` whose ``torch.cuda.default_stream``
+    answers for ``target`` (its prefetch stream is already a stand-in: :func:`turn_on_offloading`)."""
     for part in _parts(found):
         if not getattr(part, "offloading", False):
             continue
-        part.prefetch_stream = _Stream()
         update = type(part).update
         globals_ = {**update.__globals__, "torch": _torch_view("cuda" if target == "cuda" else "cpu")}
         copied = types.FunctionType(update.__code__, globals_, update.__name__, update.__defaults__,
