@@ -353,8 +353,9 @@ class _DryRun:
     def __init__(self, model: Any, sizes: Sizes, widen: bool = True) -> None:
         self.full, self.sizes = model, sizes
         self.device_map = dict(sizes.device_map)
-        # An offloaded cache moves layers by their position (the prefetch circles back to the first): all run.
-        plain = widen and not sizes.inputs and model.can_generate() and not offloading.asks_offloading(sizes.generation)
+        # An offloaded cache moves layers by their position (the prefetch circles back to the first), which the
+        # recorded first and last layers of a stretch do as the full depth does: its middle periods repeat too.
+        plain = widen and not sizes.inputs and model.can_generate()
         # A deep model runs with a few of its decoder layers, widened to its depth after (see run_depth).
         self.shallow = run_depth.shallow(model, self.device_map, plain=plain, cast=apply_dtype_plan)
         if self.shallow is not None:
