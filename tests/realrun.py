@@ -8,10 +8,14 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+from unittest import mock
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from nbhw.core.hf.dryrun import storage_bytes, tracker
 from nbhw.core.plan.run import _encoder_inputs, cache_parts, default_encoder_tokens
@@ -119,3 +123,43 @@ def real_forward(model: Any, *, batch: int, tokens: int) -> RealRun:
         model(input_ids=ids)
     peak = weights(model) + ids.nbytes + profiled_peak(prof.profiler.kineto_results.events())
     return RealRun(0, tracker_peak, peak, "none")
+
+
+class _Stream:
+    """A CUDA stream where there is none: waits and stream contexts order nothing (the CPU runs ops in order)."""
+
+    def wait_stream(self, other: Any) -> None:
+        return None
+
+    def __enter__(self) -> _Stream:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _default_stream(device: Any = None) -> _Stream:
+    return _Stream()
+
+
+class _CopyToHost(TorchFunctionMode):
+    """``tensor.to("cpu", non_blocking=True)`` copies, as the device-to-host transfer of an offloaded layer does (on
+    the CPU torch returns the tensor itself, so a view would keep its whole storage)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.Tensor.to and kwargs.get("non_blocking") and tuple(args[1:]) == ("cpu",):
+            kwargs = {**kwargs, "copy": True}
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def offloading_on_cpu() -> Iterator[None]:
+    """transformers' offloaded cache run for real on the CPU, faked only where the accelerator would be: its CUDA
+    streams (``torch.Stream``, ``torch.cuda.default_stream``) order nothing, and offloading a layer copies it."""
+    with (
+        mock.patch.object(torch, "Stream", _Stream),
+        mock.patch.object(torch.cuda, "default_stream", _default_stream),
+        _CopyToHost(),
+    ):
+        yield

@@ -19,7 +19,7 @@ from nbhw.core.errors import UserError
 from nbhw.core.hf.meta_build import quiet
 from nbhw.core.hf.tiny_model import tiny_model_path
 from tests import families
-from tests.realrun import real_generate
+from tests.realrun import RealRun, offloading_on_cpu, real_generate
 from tests.test_run import (
     config_only,
     one_thread,  # noqa: F401  (autouse: this module's tests on one torch thread)
@@ -27,6 +27,7 @@ from tests.test_run import (
 )
 
 BATCH, CONTEXT = 2, 257  # a 256-token prompt: quanto groups the cached keys by 64 (its q_group_size)
+MEMORY: dict[int | str, int | str] = {0: "1GiB", "cpu": "1GiB"}  # a CUDA placement: the offloaded cache runs there
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +35,31 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> str:
     return saved(families.llama(), tmp_path_factory.mktemp("cache") / "llama")
 
 
-def _real(folder: str, generation: dict[str, Any]) -> Any:
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A tiny random-weight checkpoint of a family in tests/families.py, saved once per module."""
+    made: dict[str, str] = {}
+
+    def folder(name: str) -> str:
+        if name not in made:
+            made[name] = saved(getattr(families, name)(), tmp_path_factory.mktemp("cache") / name)
+        return made[name]
+
+    return folder
+
+
+def _real(folder: str, generation: dict[str, Any], new_tokens: int = 2) -> Any:
     with quiet():
         model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
-        return real_generate(model, batch=BATCH, prompt=CONTEXT - 1, new_tokens=2, generation=generation)
+        return real_generate(model, batch=BATCH, prompt=CONTEXT - 1, new_tokens=new_tokens, generation=generation)
+
+
+def _real_offloaded(folder: str) -> tuple[RealRun, RealRun]:
+    """transformers' own offloaded cache on the CPU (streams stood in, offloads copied): after the prefill, and
+    after one decode step."""
+    with offloading_on_cpu():
+        runs = [_real(folder, {"cache_implementation": "offloaded"}, new_tokens=n) for n in (1, 2)]
+    return runs[0], runs[1]
 
 
 def test_a_quantized_cache_is_planned_at_the_real_quanto_caches_bytes(llama: str) -> None:
@@ -158,6 +180,135 @@ def test_the_emitted_cell_generates_with_the_cache_it_names() -> None:
         assert "Torch not compiled with CUDA enabled" in str(offloaded.dry_run.problem)
         with pytest.raises(AssertionError, match="Torch not compiled with CUDA enabled"), quiet():
             exec(compile(offloaded.code, "<nbhw cell>", "exec"), {})
+
+
+# ---------------------------------------------------------------- other families against real caches
+
+
+@pytest.mark.parametrize("name", ["mistral", "gemma3", "qwen3_moe"])
+def test_an_offloaded_cache_is_planned_at_the_real_offloaded_caches_bytes(tiny: Any, name: str) -> None:
+    folder = tiny(name)
+    plan = nbhw.plan(folder, device_map=0, max_memory=MEMORY, context=CONTEXT, batch=BATCH,
+                     cache_implementation="offloaded")  # fmt: skip
+    prefill, step = _real_offloaded(folder)
+    assert plan.run is not None, plan.dry_run.problem
+    assert step.cache_class == plan.run.cache_class == "DynamicCache"
+    assert (plan.run.cache_bytes, plan.run.cache_decode_bytes) == (prefill.cache_bytes, step.cache_bytes)
+    # DynamicCache offloads every layer, sliding ones too (its offload_only_non_sliding is False); the prefetch
+    # circles back to layer 0, so the host holds every other layer after the prefill and after the decode step
+    host = plan.run.devices["cpu"]
+    assert (host.cache_bytes, host.cache_decode_bytes) == (sum(prefill.layer_bytes[1:]), sum(step.layer_bytes[1:]))
+
+
+def test_an_offloaded_sliding_layer_holds_its_window_not_the_tensor_it_was_cut_from(tiny: Any) -> None:
+    folder, window = tiny("mistral"), families.mistral().sliding_window
+    sizes = {"context": CONTEXT, "batch": BATCH, "device_map": 0, "max_memory": MEMORY}
+    offloaded = nbhw.plan(folder, cache_implementation="offloaded", **sizes)
+    dynamic = nbhw.plan(folder, **sizes)
+    assert offloaded.run is not None and dynamic.run is not None, offloaded.dry_run.problem
+    kept = [_real(folder, {}, new_tokens=n) for n in (1, 2)]
+    copied = _real_offloaded(folder)
+    # A dynamic sliding layer keeps its last window - 1 tokens as a view of the concatenation it was cut from (the
+    # whole prompt after the prefill, window tokens after a decode step); the offload copies the view alone.
+    prompt = CONTEXT - 1
+    assert [c * prompt for c in copied[0].layer_bytes] == [k * (window - 1) for k in kept[0].layer_bytes]
+    assert [c * window for c in copied[1].layer_bytes] == [k * (window - 1) for k in kept[1].layer_bytes]
+    assert dynamic.run.cache_bytes - offloaded.run.cache_bytes == kept[0].cache_bytes - copied[0].cache_bytes > 0
+    saved_at_step = kept[1].cache_bytes - copied[1].cache_bytes  # one token's keys and values per layer
+    assert dynamic.run.cache_decode_bytes - offloaded.run.cache_decode_bytes == saved_at_step > 0
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral"])
+def test_a_quantized_cache_of_a_moe_model_is_planned_at_the_real_quanto_caches_bytes(tiny: Any, name: str) -> None:
+    pytest.importorskip("optimum.quanto")
+    folder = tiny(name)
+    plan = nbhw.plan(folder, device_map="cpu", context=CONTEXT, batch=BATCH, cache_implementation="quantized")
+    prefill, step = (_real(folder, {"cache_implementation": "quantized"}, new_tokens=n) for n in (1, 2))
+    assert plan.run is not None, plan.dry_run.problem
+    assert step.cache_class == plan.run.cache_class == "QuantizedCache"
+    assert (plan.run.cache_bytes, plan.run.cache_decode_bytes) == (prefill.cache_bytes, step.cache_bytes)
+
+
+@pytest.mark.parametrize(
+    ("name", "implementation", "says"),
+    [
+        # StaticCache keeps sliding layers on the device (its offload_only_non_sliding is True): with every layer
+        # sliding there is no layer to prefetch, and transformers' Cache.prefetch raises
+        ("mistral", "offloaded_static", "True is not in list"),
+        ("mistral", "quantized", "only supported for models with only full attention layers"),
+        ("gemma2", "quantized", "only supported for models with only full attention layers"),
+    ],
+)
+def test_a_cache_transformers_refuses_for_a_family_is_the_plans_reason(
+    tiny: Any, name: str, implementation: str, says: str
+) -> None:
+    if implementation == "quantized":
+        pytest.importorskip("optimum.quanto")
+    folder = tiny(name)
+    plan = nbhw.plan(folder, device_map=0, max_memory=MEMORY, context=CONTEXT, batch=BATCH,
+                     cache_implementation=implementation)  # fmt: skip
+    assert plan.run is None and says in str(plan.dry_run.problem)
+    if implementation == "quantized":
+        assert str(plan.dry_run.problem).startswith("transformers refuses cache_implementation='quantized'")
+    else:
+        assert "the offloaded cache fails for this model in the prefill forward: transformers' Cache.prefetch" in str(
+            plan.dry_run.problem
+        )
+    with offloading_on_cpu(), pytest.raises(ValueError, match=re.escape(says)):
+        _real(folder, {"cache_implementation": implementation})
+
+
+def _recorded(events: list[tuple[int, str]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Record (layer id, what) for every offload, prefetch and update of a dynamic cache layer."""
+    from transformers import cache_utils
+
+    for cls, name in [(cache_utils.CacheLayerMixin, "offload"), (cache_utils.CacheLayerMixin, "prefetch"),
+                      (cache_utils.DynamicLayer, "update")]:  # fmt: skip
+        original = getattr(cls, name)
+
+        def recording(self: Any, *args: Any, _original: Any = original, _name: str = name, **kwargs: Any) -> Any:
+            events.append((id(self), _name))
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, name, recording)
+
+
+@pytest.mark.parametrize("decoder_layers", [1, 3])
+def test_an_encoder_decoder_offloaded_cache_that_reads_a_layer_left_on_the_host_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, decoder_layers: int
+) -> None:
+    config = families.t5_unequal()  # three encoder layers
+    config.num_decoder_layers = decoder_layers
+    folder = saved(config, tmp_path / "t5", "AutoModelForSeq2SeqLM")
+    plan = nbhw.plan(folder, device_map=0, max_memory=MEMORY, context=CONTEXT, batch=BATCH,
+                     cache_implementation="offloaded")  # fmt: skip
+    assert plan.run is None
+    problem = str(plan.dry_run.problem)
+    assert problem.startswith("the offloaded cache fails for this model in the decode step: ")
+    assert "left in host memory" in problem and "a real generate() fails there" in problem
+    # transformers for real (CPU, streams stood in): generate() makes both the self- and the cross-attention caches
+    # offloaded, each with one layer per *encoder* layer; the layer read at the decode step is one no prefetch
+    # brought back since its offload after the prefill
+    events: list[tuple[int, str]] = []
+    _recorded(events, monkeypatch)
+    with quiet(), offloading_on_cpu():
+        model = transformers.AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
+        inputs = {"input_ids": torch.zeros(BATCH, 8, dtype=torch.long)}
+        out = model.generate(**inputs, max_new_tokens=2, min_new_tokens=2, return_dict_in_generate=True,
+                             cache_implementation="offloaded")  # fmt: skip
+    parts = out.cache.self_attention_cache, out.cache.cross_attention_cache
+    assert all(part.offloading and len(part.layers) == config.num_layers for part in parts)
+    if decoder_layers < config.num_layers:  # the self-attention's layer 0: offloaded, then updated at the decode step
+        layer = parts[0].layers[0]
+        assert [what for who, what in events if who == id(layer)] == ["update", "offload", "update", "offload"]
+        assert "torch.cat reads" in problem
+    else:  # the cross-attention's layers after the first: offloaded once filled and never brought back, then read
+        # at the decode step without an update (T5 reuses them as they are); the last one's prefetch circled to 0
+        for layer in parts[1].layers[1:]:
+            seen = [what for who, what in events if who == id(layer)]
+            assert seen[seen.index("update") :] == ["update", "offload"]
+        assert "scaled_dot_product_attention reads" in problem
+    assert out.cache.is_updated[config.num_decoder_layers - 1]
 
 
 # ---------------------------------------------------------------- bad input

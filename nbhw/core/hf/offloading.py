@@ -4,8 +4,9 @@
 every update waits on ``torch.cuda.default_stream(device)`` and the cache's prefetch stream, prefetches the next
 offloaded layer to the device (``layer.prefetch()``: ``keys.to(device, non_blocking=True)``), runs the layer's own
 update, then copies the layer to the host (``layer.offload()``: ``keys.to("cpu", non_blocking=True)``). That code
-runs for real in a dry run, so transformers decides which layer is where and when (sliding layers stay on the
-device, the prefetch circles back to the first layer). Only the boundary stands in:
+runs for real in a dry run, so transformers decides which layer is where and when (the prefetch circles back to
+the first layer; sliding layers are offloaded too by ``DynamicCache``, kept on the device by ``StaticCache``: each
+class's own ``offload_only_non_sliding`` default, which generate() leaves alone). Only the boundary stands in:
 
 - **streams**: the cache's prefetch stream and ``torch.cuda.default_stream`` order nothing (meta tensors have no
   work to wait for) for a CUDA target; for another target ``torch.cuda.default_stream`` is asked for real with the
@@ -13,7 +14,10 @@ device, the prefetch circles back to the first layer). Only the boundary stands 
   enabled", which a real ``generate()`` on the CPU raises too);
 - **copies**: a meta tensor sent to the CPU becomes a CPU tensor of its shape and dtype backed by one element,
   counted as its full bytes on "cpu" while it lives (:func:`nbhw.core.hf.dryrun.stand_in`); such a tensor sent
-  back becomes a new meta tensor on the device that runs (counted by the tracker as any op's output).
+  back becomes a new meta tensor on the device that runs (counted by the tracker as any op's output); an op that
+  reads such a copy with tensors on the device that runs (a layer no prefetch brought back: T5's decoder reads its
+  cache layers by position in a cache made one layer per encoder layer, and its cross-attention reads cached keys
+  without an update) stops the dry run with :class:`Stranded`, as torch stops a real one (tensors on two devices).
 
 The copy of ``update`` whose globals name the stand-in ``torch.cuda`` is bound to the cache object itself: no
 module or class attribute changes. Not covered: a D2H ``non_blocking`` copy lands in pinned host memory, whose
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import types
 from collections.abc import Hashable, Iterator
 from functools import cache
@@ -41,6 +46,10 @@ HOST: Hashable = "cpu"
 
 class Refused(RuntimeError):
     """The target's torch refuses what the offloaded cache asks of it (no CUDA streams there)."""
+
+
+class Stranded(Refused):
+    """An op reads a cache layer the offloaded cache left in host memory, with tensors on the running device."""
 
 
 def asks_offloading(generation: tuple[tuple[str, Any], ...]) -> bool:
@@ -83,6 +92,18 @@ def _torch_view(target: str) -> Any:
     return _Namespace("torch", {"cuda": cuda}, fallback=torch)
 
 
+def raised_in_cache_code(exc: BaseException) -> str | None:
+    """The function of transformers' cache code an exception was raised in (its innermost frame there), or None."""
+    found = None
+    frame = exc.__traceback__
+    while frame is not None:
+        if frame.tb_frame.f_globals.get("__name__") == "transformers.cache_utils":
+            code = frame.tb_frame.f_code
+            found = getattr(code, "co_qualname", code.co_name)  # co_qualname: Python 3.11+
+        frame = frame.tb_next
+    return found
+
+
 def made_on_device(gen: Any) -> Any:
     """The generation config to make an offloaded cache with: its on-device twin (see :func:`turn_on_offloading`)."""
     if getattr(gen, "cache_implementation", None) not in ON_DEVICE:
@@ -112,7 +133,23 @@ def turn_on_offloading(found: Any, gen: Any) -> None:
                                 init.__closure__)  # fmt: skip
     for part in _parts(found):
         replicate = part.layer_class_to_replicate
-        copied(part, layers=None if replicate else part.layers, layer_class_to_replicate=replicate, offloading=True)
+        copied(part, layers=None if replicate else part.layers, layer_class_to_replicate=replicate, offloading=True,
+               **_own_defaults(type(part), init))  # fmt: skip
+
+
+def _own_defaults(cls: type, init: Any) -> dict[str, Any]:
+    """The defaults a cache class's own ``__init__`` passes on to ``Cache.__init__`` when generate() names none.
+
+    generate() makes an offloaded cache with ``offloading=True`` only, so ``offload_only_non_sliding`` is the class's
+    own default: False for ``DynamicCache`` (sliding layers are offloaded too), True for ``StaticCache``.
+    """
+    own = inspect.signature(cls).parameters
+    passed = ("self", "layers", "layer_class_to_replicate", "offloading")
+    return {
+        name: own[name].default
+        for name in inspect.signature(init).parameters
+        if name not in passed and name in own and own[name].default is not inspect.Parameter.empty
+    }
 
 
 def _parts(found: Any) -> list[Any]:
@@ -144,6 +181,34 @@ def _device_asked(args: Any, kwargs: dict[str, Any]) -> Any:
     return found if isinstance(found, torch.device) else None
 
 
+def _tensor_args(args: Any, kwargs: dict[str, Any]) -> Iterator[Any]:
+    """The tensors a torch call is given, one level into lists and tuples (``torch.cat``'s sequence)."""
+    import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
+
+    for arg in (*args, *kwargs.values()):
+        if isinstance(arg, torch.Tensor):
+            yield arg
+        elif isinstance(arg, list | tuple):
+            yield from (item for item in arg if isinstance(item, torch.Tensor))
+
+
+def _check_not_stranded(func: Any, args: Any, kwargs: dict[str, Any]) -> None:
+    """Refuse an op that reads a host copy together with tensors on the running device (torch refuses it there)."""
+    tensors = list(_tensor_args(args, kwargs))
+    if len(tensors) < 2 or not any(dryrun.stood_in(t) is not None for t in tensors):
+        return
+    if any(t.device.type == "meta" for t in tensors):
+        from torch.overrides import resolve_name  # lazy: import nbhw and %load_ext nbhw stay free of torch
+
+        name = resolve_name(func) or str(func)
+        raise Stranded(
+            f"{name} reads cached keys or values that transformers' "
+            "offloaded cache left in host memory together with tensors on the device that runs (it brings back only "
+            "the next cache layer by position, and this model reads a layer it did not bring back); torch refuses "
+            "tensors on two devices in one op, so a real generate() fails there"
+        )
+
+
 class _HostCopies:
     """The methods of :func:`host_copies`'s mode (a TorchFunctionMode, made on first use)."""
 
@@ -162,6 +227,8 @@ class _HostCopies:
                 return torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")  # back on the running device
             if device is not None and device.type == "cpu" and tensor.device.type == "meta":
                 return self.to_host(tensor)
+        elif self.copies:
+            _check_not_stranded(func, args, kwargs)
         return func(*args, **kwargs)
 
     def to_host(self, tensor: Any) -> Any:

@@ -448,11 +448,8 @@ class _DryRun:
                 "loop over tokens or chunks on this device (the kernel a GPU would use is not available to a meta "
                 "run), so a dry run at this context would take minutes; smaller contexts are measured"
             ) from exc
-        except offloading.Refused as exc:
-            raise DryRunError(str(exc)) from exc
         except Exception as exc:
-            why = " ".join(str(exc).split())
-            raise DryRunError(f"{self.step} failed on the meta device: {type(exc).__name__}: {why}") from exc
+            raise DryRunError(self._failure(exc)) from exc
         kernels = dict(routed.routed)
         if self.shallow is not None:
             try:
@@ -461,6 +458,21 @@ class _DryRun:
             except run_depth.NotRepeating:
                 return _DryRun(self.full, self.sizes, widen=False).run()
         return self._result(found, kernels, started)
+
+    def _failure(self, exc: Exception) -> str:
+        """The plan's words for a dry run that stopped: transformers refusing the cache asked for, or the step."""
+        why = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+        if isinstance(exc, offloading.Stranded):
+            return f"the offloaded cache fails for this model in {self.step}: {exc}"
+        if isinstance(exc, offloading.Refused):
+            return str(exc)
+        asked = dict(self.sizes.generation).get("cache_implementation")
+        if asked is not None and self.step == "creating the cache" and isinstance(exc, ValueError):
+            return f"transformers refuses cache_implementation={asked!r} for this model: {why}"
+        raised_in = offloading.raised_in_cache_code(exc) if offloading.asks_offloading(self.sizes.generation) else None
+        if raised_in is not None:
+            return f"the offloaded cache fails for this model in {self.step}: transformers' {raised_in} raises {why}"
+        return f"{self.step} failed on the meta device: {why}"
 
     def _widen(self, found: dict[str, Any]) -> None:
         """The shallow run's figures at the full model's depth: timeline, weights, cache (see run_depth)."""
