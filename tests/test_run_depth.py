@@ -67,17 +67,22 @@ def test_sliding_window_cache_layers_made_before_the_prefill() -> None:
     assert max(map(sum, widened.timeline)) == max(map(sum, full.timeline))
 
 
+@pytest.mark.parametrize("make", [families.llama, families.mistral], ids=["llama", "mistral"])
 @pytest.mark.parametrize("first", [LAYERS, 8])  # every layer on device 0 (the head on 1), or split 8 / 4
-def test_an_offloaded_cache_widened_equals_every_layer(first: int) -> None:
+def test_an_offloaded_cache_widened_equals_every_layer(make: Any, first: int) -> None:
     # Each layer's keys and values go to the host after its update and the next layer's come back: the recorded
-    # stretch does what the full depth does, op for op, on the devices and in host memory.
-    model = deep(families.llama)
+    # stretch does what the full depth does, on the devices and in host memory (op for op where no layer slides:
+    # a sliding layer's window scalar is made with the cache, as in test_sliding_window_cache_layers_made_...).
+    model = deep(make)
     sizes = run.sizes(2, 300, target="cuda", device_map=two_devices(model, first),
                       generation={"cache_implementation": "offloaded"})  # fmt: skip
     dry = run._DryRun(model, sizes)
     widened, full = dry.run(), run._DryRun(model, sizes, widen=False).run()
     assert dry.shallow is not None
-    assert figures(widened) == figures(full) and widened.timeline == full.timeline
+    assert figures(widened) == figures(full)
+    assert max(map(sum, widened.timeline)) == max(map(sum, full.timeline))
+    if make is families.llama:
+        assert widened.timeline == full.timeline
     assert widened.estimate.devices["cpu"].cache_decode_bytes > 0  # the host copies are counted
 
 

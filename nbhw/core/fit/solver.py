@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -32,15 +32,17 @@ from nbhw.core.plan.load_plan import LoadPlan, plan
 from nbhw.core.plan.placement import is_accelerator
 from nbhw.core.train.tasks import check_names
 
-PLAN_CACHE_SIZE = 4096
+PLAN_CACHE_SIZE = 16384  # a 70B search with its nearest changes plans about 10,000 options (most refused: small)
 SHOWN_REJECTED = 12  # the text and HTML list the first ones (a run's reason may search the longest context)
 _PLANS: Recent[LoadPlan] = Recent(PLAN_CACHE_SIZE)
+_JUDGED: Recent[Judged] = Recent(PLAN_CACHE_SIZE)  # an option's answers, by its arguments as given (no parsing)
 MOST_DEVICES = 64  # when nothing fits: accelerators like the largest one, up to this many, are tried
 
 
 def clear_cache() -> None:
     """Forget every kept plan (benchmarks measure a cold search)."""
     _PLANS.clear()
+    _JUDGED.clear()
 
 
 def planned(model: str, values: dict[str, Any], offline: bool, base: LoadPlan | None = None) -> LoadPlan:
@@ -164,9 +166,15 @@ class Search:
 
     def judge(self, index: int) -> Judged:
         if index not in self.judged:
-            option = self.options[index]
-            found = planned(self.model, self.values(option), self.offline, self.base)
-            self.judged[index] = judge(option, found, self.named_hardware)
+            option, values = self.options[index], self.values(self.options[index])
+
+            def judged() -> Judged:
+                return judge(option, planned(self.model, values, self.offline, self.base), self.named_hardware)
+
+            # the same arguments asked again (a search repeated, a later stage): the kept answers, not re-read
+            key = (self.model, repr(values), self.offline, self.named_hardware)
+            found = _JUDGED.get(key, judged)
+            self.judged[index] = found if found.option == option else replace(found, option=option)
         return self.judged[index]
 
     def run(self) -> tuple[Judged | None, list[Rejected]]:
@@ -278,16 +286,20 @@ def _more_cards(search: Search, target: Target) -> Iterator[Change]:
 
 
 def _installs(search: Search) -> Iterator[Change]:
-    """The first option refused only because a package is missing whose run would fit once installed."""
-    for index in range(len(search.options)):
-        found = search.judged.get(index)
-        if found is None or not found.problems or not all("pip install" in p for p in found.problems):
-            continue
-        with meta_build.quiet():
-            fits = found.plan.run_fits
-        if fits and where_of(found.plan) in search.stages:
-            yield Change(f"{'; '.join(found.problems)} — then {found.option.words()}", found.plan)
-            return
+    """The best option by the documented order (where the layers are, then its rank) among those refused only
+    because a package is missing, whose run would fit once installed (where the layers go is read first: no dry run
+    for an option on a later stage)."""
+    missing = [found for _, found in sorted(search.judged.items())
+               if found.problems and all("pip install" in p for p in found.problems)]  # fmt: skip
+    for stage in search.stages:
+        for found in missing:
+            if where_of(found.plan) != stage:
+                continue
+            with meta_build.quiet():
+                fits = found.plan.run_fits
+            if fits:
+                yield Change(f"{'; '.join(found.problems)} — then {found.option.words()}", found.plan)
+                return
 
 
 def nearest(search: Search, args: FitArgs) -> list[Change]:
