@@ -84,7 +84,8 @@ def _is_peft_class(cls: type) -> bool:
 
 
 def _holds_model(value: object) -> bool:
-    return _holds_model_class(type(value))
+    cls: Any = type(value)
+    return _holds_model_class(cls)
 
 
 @functools.lru_cache(maxsize=1024)
