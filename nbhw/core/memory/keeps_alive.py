@@ -113,9 +113,8 @@ class Walker:
             self._held.append(tensor)
         return known
 
-    def _read(self, tensors: list[Any], *, links: bool) -> None:
-        """The storages of tensors not read yet and, with ``links``, each one's grad_fn and .grad: one pass, each
-        tensor touched once.
+    def _read(self, tensors: list[Any]) -> None:
+        """The storages of tensors not read yet, and each one's grad_fn and .grad: one pass, each tensor touched once.
 
         The walk is bound by memory, not by the interpreter: a tensor's Python object, its TensorImpl and its storage
         lie apart in memory, and mapping one getter over the list per attribute reached for them six times (measured
@@ -146,8 +145,6 @@ class Walker:
                         sizes[key] = nbytes
                         self.examples[key] = tensor
                         self.devices.add(name)
-            if not links:
-                continue
             fn = tensor.grad_fn
             if fn is None:
                 grad = tensor._grad  # a leaf: its .grad
@@ -156,8 +153,7 @@ class Walker:
                 grad = tensor._grad if tensor.retains_grad else None  # any other warns when asked for it
             if grad is not None:
                 grad_of[id(tensor)] = grad
-        if links:
-            self._linked.update(map(id, tensors))
+        self._linked.update(map(id, tensors))
 
     def _read_keys(self, tensor: Any) -> tuple[Key, ...]:
         """One tensor's storages: its own (a plain tensor), a wrapper subclass's inner tensors', a sparse tensor's
@@ -207,9 +203,9 @@ class Walker:
         types_ = self.tensor_types
         found = [o for o in gc.get_referrers(*types_) if type(o) in types_]
         known = self._keys_of
-        fresh = [t for t in found if id(t) not in known]
+        fresh = [t for t in found if id(t) not in self._linked]
         if fresh:
-            self._read(fresh, links=False)
+            self._read(fresh)  # with their grad_fn and .grad: the walk that follows touches none of them again
         return set(chain.from_iterable(map(known.__getitem__, map(id, found))))
 
     # -- one root
@@ -317,7 +313,7 @@ class Walker:
         ids = list(map(id, tensors))
         if not linked.issuperset(ids):  # not read yet in this walk (the scan reads only storages)
             fresh = tensors if linked.isdisjoint(ids) else _without(tensors, ids, linked)
-            self._read(fresh, links=True)
+            self._read(fresh)
         keys.update(chain.from_iterable(map(known.__getitem__, ids)))
         if self._grad_of:
             frontier += map(self._grad_of.__getitem__, self._grad_of.keys() & ids)
