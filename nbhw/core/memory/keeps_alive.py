@@ -213,14 +213,14 @@ class Walker:
     def reach(self, values: Sequence[object]) -> tuple[set[Key], list[object]]:
         """(storages reached directly, the grad_fn nodes of the tensors reached) from these values."""
         direct: set[Key] = set()
-        seen: dict[int, object] = {}  # holds what it saw, so an id is never reused during the walk
+        seen: set[int] = set()  # the ids walked (the walker holds the objects: an id is never reused meanwhile)
         nodes: list[object] = []
         self._walk(list(values), direct, nodes, seen)
         if len(values) == 1:
             self._closures[id(values[0])] = (direct, nodes)
         return direct, nodes
 
-    def _walk(self, frontier: list[object], keys: set[Key], nodes: list[object], seen: dict[int, object]) -> None:
+    def _walk(self, frontier: list[object], keys: set[Key], nodes: list[object], seen: set[int]) -> None:
         """Breadth first, a whole frontier at a time; every per-object pass runs in C (map, zip, compress, sets):
         gc.get_referents(*objects) gives the next frontier, gc.is_tracked drops what cannot hold a tensor.
 
@@ -244,27 +244,31 @@ class Walker:
                 frontier += self._tensor_referents(tensors)
                 self._tensors_reached(tensors, keys, frontier, nodes)
 
-    def _fresh(
-        self, objects: list[object], seen: dict[int, object], keys: set[Key], nodes: list[object]
-    ) -> list[object]:
+    def _fresh(self, objects: list[object], seen: set[int], keys: set[Key], nodes: list[object]) -> list[object]:
         """The objects not seen yet in this walk, each once; a root's value walked before adds what it keeps."""
         if not objects:
             return objects
-        batch = dict(zip(map(id, objects), objects, strict=True))
-        fresh_ids = batch.keys() - seen.keys() - self.ignore
+        self._held.extend(objects)  # a getter's fresh object (a frame's locals) keeps its id until the walk ends
+        ids = list(map(id, objects))
+        unique = set(ids)
+        if len(unique) == len(ids) and seen.isdisjoint(unique) and self._unwalked(unique):
+            seen |= unique  # the common case: a frontier of new objects, in set operations only
+            return objects
+        batch = dict(zip(ids, objects, strict=True))
+        fresh_ids = unique - seen - self.ignore
         done = fresh_ids & self._closures.keys()
         if done:  # walked before as a root: what it keeps is known
-            seen.update(zip(done, map(batch.__getitem__, done), strict=True))
+            seen |= done
             fresh_ids -= done
             for i in done:
                 keys |= self._closures[i][0]
                 nodes += self._closures[i][1]
-        if len(fresh_ids) == len(objects):
-            seen.update(batch)
-            return objects
-        fresh = list(map(batch.__getitem__, fresh_ids))
-        seen.update(zip(fresh_ids, fresh, strict=True))
-        return fresh
+        seen |= fresh_ids
+        return list(map(batch.__getitem__, fresh_ids))
+
+    def _unwalked(self, ids: set[int]) -> bool:
+        """None of these is ignored or a root walked before."""
+        return self.ignore.isdisjoint(ids) and self._closures.keys().isdisjoint(ids)
 
     def _referents(self, objects: list[object]) -> list[object]:
         """What the objects refer to that could hold a tensor (one C call for all of them).
@@ -374,7 +378,7 @@ class Walker:
                 if simple:
                     self._tensors_reached(objects, keys, [], found)
                 else:
-                    self._walk(objects, keys, found, {})  # fresh seen: the same object may hang off two nodes
+                    self._walk(objects, keys, found, set())  # fresh seen: the same object may hang off two nodes
                 nexts = [nxt for nxt, _ in getattr(node, "next_functions", ()) if nxt is not None] + found
                 children[id(node)], node_keys[id(node)] = nexts, keys
                 for nxt in nexts:
