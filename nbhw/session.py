@@ -282,14 +282,17 @@ def after_cell(shell: Any, result: Any) -> None:
     """The post-run-cell step: tie new models to this cell (and its plan and record), note generate runs."""
     info = getattr(result, "info", None)
     source = getattr(info, "raw_cell", "") or ""
-    try:
-        python = shell.transform_cell(source)  # magics and ! lines as the cell really ran them
-    except Exception:
-        python = source
+
+    def ran(source: str) -> str:
+        try:
+            return str(shell.transform_cell(source))  # magics and ! lines as the cell really ran them
+        except Exception:
+            return source
+
     try:
         origins.after_cell(
-            shell.user_ns, python, result.execution_count, _record(result.execution_count),
-            succeeded=bool(result.success),
+            shell.user_ns, source, result.execution_count, _record(result.execution_count),
+            succeeded=bool(result.success), ran=ran,
         )  # fmt: skip
         note_cell_lines()  # the Memory tab's lines, here on the main thread rather than in the graph's
     except Exception as exc:  # the user's cell ran; nbhw's bookkeeping failing must not look like their error

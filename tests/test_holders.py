@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import json
+import random
 import sys
 import types
 from typing import Any
@@ -69,6 +70,18 @@ def test_the_sharded_dry_runs_of_a_training_plan_leave_nothing_the_walk_trips_on
     report = shell_holders(shell)
     assert report.held_by("t") == 4000
     balanced(report)
+
+
+def test_each_storage_lands_in_the_group_of_exactly_the_holders_that_keep_it() -> None:
+    """The groups are split part by part with set operations; checked against asking each storage who keeps it."""
+    rng = random.Random(21)
+    storages = [("cpu", i) for i in range(300)]
+    for _ in range(20):
+        holder_keys = [set(rng.sample(storages, rng.randint(0, 120))) for _ in range(rng.randint(1, 8))]
+        expected: dict[tuple[int, ...], set[tuple[str, int]]] = {}
+        for key in set().union(*holder_keys):
+            expected.setdefault(tuple(i for i, keys in enumerate(holder_keys) if key in keys), set()).add(key)
+        assert H._groups(holder_keys) == expected
 
 
 def test_a_view_counts_its_whole_storage_and_two_names_share_one_group(shell: Any) -> None:

@@ -12,6 +12,7 @@ Nothing here imports transformers: a model exists only if the user's code import
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from collections.abc import Iterator, Mapping
@@ -75,16 +76,26 @@ def _held(value: Any) -> tuple[Any, str]:
 
 
 def _is_peft(value: object) -> bool:
-    return type(value).__module__.startswith("peft.") and callable(getattr(type(value), "get_base_model", None))
+    return _is_peft_class(type(value))
+
+
+def _is_peft_class(cls: type) -> bool:
+    return str(cls.__module__).startswith("peft.") and callable(getattr(cls, "get_base_model", None))
 
 
 def _holds_model(value: object) -> bool:
+    cls: Any = type(value)
+    return _holds_model_class(cls)
+
+
+@functools.lru_cache(maxsize=1024)
+def _holds_model_class(cls: type) -> bool:
     # Only the classes users keep a model in (a pipeline, a Trainer, trl's trainers): no attribute of any other
-    # object is read, so no property or __getattr__ of the user's objects runs.
-    cls = type(value)
-    if _is_peft(value):  # peft's PeftModel around the transformers model (LoRA, QLoRA)
+    # object is read, so no property or __getattr__ of the user's objects runs. By class, once (the cell hook asks
+    # for every variable after every cell).
+    if _is_peft_class(cls):  # peft's PeftModel around the transformers model (LoRA, QLoRA)
         return True
-    return cls.__name__.endswith(("Pipeline", "Trainer")) and cls.__module__.startswith(("transformers.", "trl."))
+    return cls.__name__.endswith(("Pipeline", "Trainer")) and str(cls.__module__).startswith(("transformers.", "trl."))
 
 
 # ---------------------------------------------------------------- the facts

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ast
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -218,10 +218,12 @@ def after_cell(
     record: CellRecord | None,
     *,
     succeeded: bool = True,
+    ran: Callable[[str], str] | None = None,
 ) -> list[Origin]:
     """A cell finished: tie the models that appeared to it, and note it as a run of the models it generated with
     (a cell that failed ran nothing to compare). Returns the new origins. Cheap when transformers is not imported
-    (no model can exist)."""
+    (no model can exist). ``ran``: the Python the cell's source ran as (IPython's ``transform_cell``: magics and
+    ``!`` lines), applied only where the source is read."""
     models = models_in(namespace)
     if not models:
         return []
@@ -229,6 +231,8 @@ def after_cell(
         known = dict(_origins.items())
     if all(m in known for m in models.values()) and "generate" not in source:
         return []  # nothing new, and no run to note: the cell's source is not even parsed
+    if ran is not None:
+        source = ran(source)
     tree = _parse(source)
     made: list[Origin] = []
     for variable, model in models.items():

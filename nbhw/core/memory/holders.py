@@ -388,16 +388,20 @@ def _traceback_roots(errors: Sequence[BaseException | types.TracebackType]) -> l
     return roots
 
 
-def _module_roots(own: Sequence[str]) -> list[_Root]:
-    roots: list[_Root] = []
+def _module_globals(own: Sequence[str]) -> list[tuple[str, str, object]]:
+    """(module, name, value) of each global of these packages' modules that may hold a tensor (no function)."""
     names, prefixes = set(own), tuple(o + "." for o in own)
-    for name, module in list(sys.modules.items()):
-        if module is None or not (name in names or name.startswith(prefixes)):
+    found: list[tuple[str, str, object]] = []
+    for name in [n for n in sys.modules if n in names or n.startswith(prefixes)]:
+        module = sys.modules.get(name)
+        if module is None:
             continue
-        for attr, value in list(vars(module).items()):
-            if not attr.startswith("__") and may_hold(value) and not isinstance(value, types.FunctionType):
-                roots.append(_Root(Holder(f"{name}.{attr}", "nbhw"), [value]))
-    return roots
+        found += (
+            (name, attr, value)
+            for attr, value in list(vars(module).items())
+            if not attr.startswith("__") and may_hold(value) and not isinstance(value, types.FunctionType)
+        )
+    return found
 
 
 # ---------------------------------------------------------------- holders()
@@ -505,13 +509,13 @@ def _holders(
 def _with_own(roots: list[_Root], own_modules: Sequence[str], walker: Walker) -> Iterator[_Root]:
     """The roots, then nbhw's own module globals: walked one by one only where all of them together reach a tensor."""
     yield from roots
-    own = _module_roots(own_modules)
+    own = _module_globals(own_modules)
     try:
-        direct, nodes = walker.reach([v for root in own for v in root.values])
+        direct, nodes = walker.reach([value for _, _, value in own])
     except WalkStopped:
         direct, nodes = {("", 0)}, []  # the roots' own walks say where it stopped
     if direct or nodes:
-        yield from own
+        yield from (_Root(Holder(f"{module}.{attr}", "nbhw"), [value]) for module, attr, value in own)
 
 
 def _assign_graphs(
@@ -546,7 +550,8 @@ def _assign(holder_keys: list[set[Key]], all_holders: list[Holder], holder: Hold
 def _groups(holder_keys: Sequence[set[Key]]) -> dict[tuple[int, ...], set[Key]]:
     """The storages by the exact set of holders that keep them (indices into the holders), in set operations.
 
-    Most storages have one holder: only those several holders share are taken one by one.
+    Most storages have one holder: those several holders share are split, holder by holder, into parts kept by the
+    same holders (a set operation per part, never a step per storage: a model and its optimizer share 4,000).
     """
     seen: set[Key] = set()
     shared: set[Key] = set()
@@ -558,16 +563,19 @@ def _groups(holder_keys: Sequence[set[Key]]) -> dict[tuple[int, ...], set[Key]]:
         alone = keys - shared if shared else keys
         if alone:
             groups[(i,)] = alone
-    owners: dict[Key, int] = dict.fromkeys(shared, 0)  # bit i: holder i
+    parts: dict[tuple[int, ...], set[Key]] = {(): shared} if shared else {}
     for i, keys in enumerate(holder_keys):
-        bit = 1 << i
-        for key in keys & shared:
-            owners[key] |= bit
-    by_mask: dict[int, set[Key]] = {}
-    for key, mask in owners.items():
-        by_mask.setdefault(mask, set()).add(key)
-    for mask, keys in by_mask.items():
-        groups[tuple(i for i in range(mask.bit_length()) if mask >> i & 1)] = keys
+        if not parts or keys.isdisjoint(shared):
+            continue
+        split: dict[tuple[int, ...], set[Key]] = {}
+        for by, part in parts.items():
+            inside = part & keys
+            if inside:
+                split[(*by, i)] = inside
+            if len(inside) < len(part):
+                split[by] = part - inside if inside else part
+        parts = split
+    groups.update(parts)
     return groups
 
 
