@@ -326,12 +326,24 @@ def test_the_panel_has_four_tabs_and_closing_it_stops_everything(tiny: str) -> N
         assert tabs.titles == ("Devices", "Memory", "Attention", "Load") and tabs.selected_index == 3
         worker = panels.shared_worker()
         settle(worker)
-        assert "nbhw-backends" in p.devices.html.value
-        assert "sdpa" in p.attention.html.value
         assert "from_pretrained" in p.load.code.code
-        assert p.memory is None  # the graph starts when its tab opens
+        # Only the opened tab is made: the others wait, each showing the same note, until first selected.
+        assert (p.devices, p.attention, p.memory) == (None, None, None)
+        waiting = [box.children for box in tabs.children[:3]]
+        assert waiting == [(p._waiting,)] * 3 and "first opened" in p._waiting.value
+        tabs.selected_index = 0
+        settle(worker)
+        assert tabs.children[0].children == (p.devices.box,) and "nbhw-backends" in p.devices.html.value
+        tabs.selected_index = 2
+        settle(worker)
+        assert tabs.children[2].children == (p.attention.box,) and "sdpa" in p.attention.html.value
+        devices = p.devices
+        tabs.selected_index = 0  # selected again: the same view, not a second one
+        assert p.devices is devices and tabs.children[0].children == (devices.box,)
         tabs.selected_index = 1
         assert p.memory is not None and p.memory.sampler.running
+        assert tabs.children[1].children == (p.memory.box, p.holders.box)
+        assert p._waiting.comm is not None  # shown in no tab now, still open: closed with the panel
         p.attention.device.value = "cuda"  # a device that is not here: the advisor's rules still answer
         settle(worker)
         assert "cuda" in text_of(p.attention.html.value)
@@ -351,12 +363,12 @@ def test_a_panel_that_fails_while_being_built_leaves_no_widget_and_no_thread(
 
     widgets = open_widgets()
     monkeypatch.setattr(panels, "LoadView", broken)
-    p = nbhw.panel(tiny)
+    p = nbhw.panel(tiny, tab="Load")
     with pytest.raises(RuntimeError, match="a bug in the Load tab"):
         p.widget  # noqa: B018 (building it is the point)
     assert panels.open_panels() == [] and not panels._workers
     assert not [t.name for t in threading.enumerate() if t.name.startswith("nbhw")]
-    assert open_widgets() == widgets  # the Devices and Attention tabs made before it are closed
+    assert open_widgets() == widgets  # the waiting note and the shared layouts made before it are closed
 
 
 def test_a_bad_tab_is_a_user_error_naming_the_tabs() -> None:
