@@ -642,10 +642,11 @@ class LoadView:
         old, self.memory_fields = self.memory_fields, {}
         for f in fields:
             free = f"free {render.size(f.free)}" if f.free is not None else "size, e.g. 70GiB"
-            text = _control("Text")(
+            kind = _control("Text")
+            text = kind(
                 value=old[f.key].value if f.key in old else sizes.get(f.key, ""), description=f.device,
-                placeholder=free, continuous_update=False, layout=_ipywidgets().Layout(width="220px"),
-                style={"description_width": "60px"},
+                placeholder=free, continuous_update=False,
+                **self._shared.looks(kind, {"description_width": "60px"}, width="220px"),
             )  # fmt: skip
             text.observe(self._changed, names="value")
             self.memory_fields[f.key] = text
