@@ -395,7 +395,8 @@ class LoadView:
         The widgets are made after it rather than beside it: each widget's message to the front end lets the
         other thread take the interpreter for up to 5 ms (sys.getswitchinterval()), so making them while the
         worker computes slowed both down, and the code reached the page well after the panel. Past the wait (a
-        model whose config comes from the Hub), the tab shows without its code, which follows.
+        model whose config comes from the Hub), or at once when the worker is busy with another job (another
+        panel's), the tab shows without its code, which follows.
         """
         form, handing = self.form, _Handing()
 
@@ -406,8 +407,10 @@ class LoadView:
             finally:
                 handing.ready.set()
 
+        idle = self.worker.idle()
         self.worker.submit(self._key, job, self._apply, delay=0.0, progress=self._apply)
-        handing.ready.wait(FIRST_CODE_WAIT)
+        if idle:
+            handing.ready.wait(FIRST_CODE_WAIT)
         return handing.first
 
     def _make_widgets(self, form: Form, models: list[str], task: str) -> None:
