@@ -28,6 +28,7 @@ from nbhw.core.plan import codegen, load_form
 from nbhw.core.plan.load_form import Form
 from nbhw.core.plan.run import framework_reserve
 from nbhw.core.render import size
+from nbhw.ui import load as load_ui
 from nbhw.ui import memory as memory_ui
 from nbhw.ui import panel as panels
 from nbhw.ui.codebox import highlight
@@ -326,12 +327,24 @@ def test_the_panel_has_four_tabs_and_closing_it_stops_everything(tiny: str) -> N
         assert tabs.titles == ("Devices", "Memory", "Attention", "Load") and tabs.selected_index == 3
         worker = panels.shared_worker()
         settle(worker)
-        assert "nbhw-backends" in p.devices.html.value
-        assert "sdpa" in p.attention.html.value
         assert "from_pretrained" in p.load.code.code
-        assert p.memory is None  # the graph starts when its tab opens
+        # Only the opened tab is made: the others wait, each showing the same note, until first selected.
+        assert (p.devices, p.attention, p.memory) == (None, None, None)
+        waiting = [box.children for box in tabs.children[:3]]
+        assert waiting == [(p._waiting,)] * 3 and "first opened" in p._waiting.value
+        tabs.selected_index = 0
+        settle(worker)
+        assert tabs.children[0].children == (p.devices.box,) and "nbhw-backends" in p.devices.html.value
+        tabs.selected_index = 2
+        settle(worker)
+        assert tabs.children[2].children == (p.attention.box,) and "sdpa" in p.attention.html.value
+        devices = p.devices
+        tabs.selected_index = 0  # selected again: the same view, not a second one
+        assert p.devices is devices and tabs.children[0].children == (devices.box,)
         tabs.selected_index = 1
         assert p.memory is not None and p.memory.sampler.running
+        assert tabs.children[1].children == (p.memory.box, p.holders.box)
+        assert p._waiting.comm is not None  # shown in no tab now, still open: closed with the panel
         p.attention.device.value = "cuda"  # a device that is not here: the advisor's rules still answer
         settle(worker)
         assert "cuda" in text_of(p.attention.html.value)
@@ -343,6 +356,42 @@ def test_the_panel_has_four_tabs_and_closing_it_stops_everything(tiny: str) -> N
     p.close()  # idempotent
 
 
+def test_a_new_load_tab_has_its_first_code_with_its_first_display(tiny: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The wait is long here so that a loaded test machine can't make the first part miss it.
+    monkeypatch.setattr(load_ui, "FIRST_CODE_WAIT", 60.0)
+    p = nbhw.panel(tiny, tab="Load")
+    try:
+        p.widget  # noqa: B018 (what the first display builds)
+        # Before the worker has finished: the code is there, and the rest is said to be coming.
+        assert p.load.code.code == nbhw.plan(tiny, dtype=p.load.form.dtype).code.rstrip("\n")
+        assert "coming" in p.load.report.value
+        settle(panels.shared_worker())
+        assert "right after the prefill" in p.load.report.value  # the run estimate filled in after it
+    finally:
+        p.close()
+
+
+def test_the_load_tabs_widgets_share_their_layouts_and_styles(tiny: str) -> None:
+    widgets = open_widgets()
+    p = nbhw.panel(tiny, tab="Load", max_memory={"0": "1GiB"})  # a field choices replace (no device 0 here)
+    try:
+        p.widget  # noqa: B018
+        view = p.load
+        settle(panels.shared_worker())
+        notes = list(view.notes.values())
+        assert len({id(n.layout) for n in notes}) == 1 and len({id(n.style) for n in notes}) == 1
+        dropdowns = [view.control(n) for n in ("dtype", "device_map", "attn_implementation")]
+        assert len({id(d.layout) for d in dropdowns}) == 1 and len({id(d.style) for d in dropdowns}) == 1
+        assert view.infer_box.layout not in view._shared.widgets()  # the Train mode hides it: a layout of its own
+        assert list(view.memory_fields) == ["cpu", "0"]
+        view._set_memory_fields([load_form.MemoryField("cpu", "cpu", None)])  # field "0" closed, the shared kept
+        assert [w.comm is not None for w in view._shared.widgets()] == [True] * len(view._shared.widgets())
+        assert all(n.layout.comm is not None for n in notes)
+    finally:
+        p.close()
+    assert open_widgets() == widgets
+
+
 def test_a_panel_that_fails_while_being_built_leaves_no_widget_and_no_thread(
     tiny: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -351,12 +400,12 @@ def test_a_panel_that_fails_while_being_built_leaves_no_widget_and_no_thread(
 
     widgets = open_widgets()
     monkeypatch.setattr(panels, "LoadView", broken)
-    p = nbhw.panel(tiny)
+    p = nbhw.panel(tiny, tab="Load")
     with pytest.raises(RuntimeError, match="a bug in the Load tab"):
         p.widget  # noqa: B018 (building it is the point)
     assert panels.open_panels() == [] and not panels._workers
     assert not [t.name for t in threading.enumerate() if t.name.startswith("nbhw")]
-    assert open_widgets() == widgets  # the Devices and Attention tabs made before it are closed
+    assert open_widgets() == widgets  # the waiting note and the shared layouts made before it are closed
 
 
 def test_a_bad_tab_is_a_user_error_naming_the_tabs() -> None:

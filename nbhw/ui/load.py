@@ -11,6 +11,7 @@ each part under the widgets' lock unless a newer change came in. "Insert cell be
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,12 +28,14 @@ from nbhw.core.plan.load_form import CONTROLS, Choices, Form, Option, Preview, U
 from nbhw.core.train.train_form import TrainForm, task_options
 from nbhw.ui.codebox import codebox, highlight, quick_html
 from nbhw.ui.train import TrainView
-from nbhw.ui.tree import close_tree
+from nbhw.ui.tree import Shared, close_tree
 from nbhw.ui.worker import CONTROL_DELAY, LOCK, Worker, locked, unexpected
 
 DEFAULT = ""  # the dropdown value of "None" (the default): ipywidgets reads a None value as "nothing selected"
 LABEL_WIDTH = "150px"
+LABEL = {"description_width": LABEL_WIDTH}  # the style of a control whose name is its label
 CHOICES_CACHE = 16
+FIRST_CODE_WAIT = 0.75  # seconds a new Load tab waits for its first code before showing without it
 STYLE = """<style>
 .nbhw-load .widget-html-content { line-height: 1.35; }
 .nbhw-load .nbhw-plan p { margin: 6px 0 2px 0; }
@@ -212,6 +215,25 @@ class _Keep:
         return False
 
 
+class _Handing:
+    """The ``post`` of the Load tab's first plan: hands its first part (the code) to the thread making the tab as
+    well, then posts it as the worker's Poster does."""
+
+    def __init__(self) -> None:
+        self.post: Any = _Keep()  # the worker's Poster, once the job runs
+        self.first: Result | None = None
+        self.ready = threading.Event()  # set by the first part, or by the job's end without one
+
+    def __call__(self, partial: Result) -> bool:
+        if self.first is None:
+            self.first = partial
+            self.ready.set()
+        return bool(self.post(partial))
+
+    def stale(self) -> bool:
+        return bool(self.post.stale())
+
+
 def compute(form: Form, post: Any = None) -> Result:
     """Choices, preview and HTML for a form (the worker runs this off the kernel's thread); ``post`` (the worker's
     Poster) receives each part as it is ready, and says False once a newer change made this one stale: the rest
@@ -355,7 +377,44 @@ class LoadView:
         self._replan_on_return = task == "train"  # the inference plan waits until its mode is shown
         self.memory_fields: dict[str, Any] = {}
         self._size_notes: tuple[tuple[Any, ...], dict[str, str]] = ((), {})  # the last notes of the run's sizes
-        self._make_controls(form, models or [], task)
+        self._shared = Shared()
+        # Under the lock: the first plan's parts are applied once the widgets exist.
+        with LOCK:
+            first = self._first_plan() if task != "train" else None
+            try:
+                self._make_widgets(form, models or [], task)
+            except BaseException:
+                self.closed = True  # the first plan drops its results
+                raise
+            if first is not None:
+                self._apply(first)  # with the widgets' comms, ahead of the panel's display
+
+    def _first_plan(self) -> Result | None:
+        """Start planning the form and wait for its first part (the code), up to FIRST_CODE_WAIT seconds.
+
+        The widgets are made after it rather than beside it: each widget's message to the front end lets the
+        other thread take the interpreter for up to 5 ms (sys.getswitchinterval()), so making them while the
+        worker computes slowed both down, and the code reached the page well after the panel. Past the wait (a
+        model whose config comes from the Hub), or at once when the worker is busy with another job (another
+        panel's), the tab shows without its code, which follows.
+        """
+        form, handing = self.form, _Handing()
+
+        def job(post: Any) -> Result:
+            handing.post = post
+            try:
+                return compute(form, handing)
+            finally:
+                handing.ready.set()
+
+        idle = self.worker.idle()
+        self.worker.submit(self._key, job, self._apply, delay=0.0, progress=self._apply)
+        if idle:
+            handing.ready.wait(FIRST_CODE_WAIT)
+        return handing.first
+
+    def _make_widgets(self, form: Form, models: list[str], task: str) -> None:
+        self._make_controls(form, models, task)
         self.box = self._layout()
         for control in self.controls():
             control.observe(self._changed, names="value")
@@ -363,47 +422,51 @@ class LoadView:
         self._set_memory_fields([load_form.MemoryField(k, k, None) for k, _ in form.max_memory])
         if task == "train":
             self._show_task("train")
-        else:
-            self.refresh(delay=0.0)  # the first plan is no burst of changes
+
+    def _html(self, value: str = "", **layout: Any) -> Any:
+        w = _ipywidgets()
+        return w.HTML(value, **self._shared.looks(w.HTML, **layout))
 
     def _make_controls(self, form: Form, models: list[str], task: str) -> None:
-        w = _ipywidgets()
-        label = {"description_width": LABEL_WIDTH}
-        self.task = _control("ToggleButtons")(options=task_options(), value=task, style={"button_width": "140px"})
-        self.model = _control("Combobox")(
+        w, shared = _ipywidgets(), self._shared
+        toggles, combobox, checkbox = _control("ToggleButtons"), _control("Combobox"), _control("Checkbox")
+        self.task = toggles(options=task_options(), value=task, **shared.looks(toggles, {"button_width": "140px"}))
+        self.model = combobox(
             value=form.model, options=list(models), description="model", ensure_option=False,
-            continuous_update=False, placeholder="Hub id (org/name) or local folder", style=label,
-            layout=w.Layout(width="640px"),
+            continuous_update=False, placeholder="Hub id (org/name) or local folder",
+            **shared.looks(combobox, LABEL, width="640px"),
         )  # fmt: skip
-        self.offline = _control("Checkbox")(
-            value=form.offline, description="offline (never contact the Hub)", indent=False
+        self.offline = checkbox(
+            value=form.offline, description="offline (never contact the Hub)", indent=False, **shared.looks(checkbox)
         )
         self.inputs: dict[str, Any] = {}
         self.notes: dict[str, Any] = {}
         for name, declared in CONTROLS.items():
             if declared.control == "sizes":
-                self.inputs[name] = w.HBox(layout=w.Layout(flex_flow="row wrap"))
+                self.inputs[name] = w.HBox(layout=shared.layout(flex_flow="row wrap"))
             else:
                 self.inputs[name] = self._input(declared, getattr(form, name))
-            self.notes[name] = w.HTML(layout=w.Layout(margin="0 0 0 10px", max_width="520px"))
-        self.fit_button = _control("Button")(description="Make it fit", tooltip=FIT_TIP, icon="magic")
+            self.notes[name] = self._html(margin="0 0 0 10px", max_width="520px")
+        button = _control("Button")
+        self.fit_button = button(description="Make it fit", tooltip=FIT_TIP, icon="magic", **shared.looks(button))
         self.fit_button.on_click(self._make_it_fit)
-        self.fit_note = w.HTML()
-        self.message = w.HTML("<span class='nbhw-note'>planning…</span>")
-        self.code = codebox()
-        self.picture = w.HTML()
-        self.report = w.HTML(_dom_classes=("nbhw-load-report",))
+        self.fit_note = self._html()
+        self.message = self._html("<span class='nbhw-note'>planning…</span>")
+        self.code = codebox(layout=shared.layout())
+        self.picture = self._html()
+        self.report = w.HTML(_dom_classes=("nbhw-load-report",), **shared.looks(w.HTML))
 
     def _input(self, declared: Argument, word: Any) -> Any:
-        label = {"description_width": LABEL_WIDTH}
         if declared.control == "checkbox":
-            return _control("Checkbox")(value=bool(word), description=declared.name, style=label)
+            checkbox = _control("Checkbox")
+            return checkbox(value=bool(word), description=declared.name, **self._shared.looks(checkbox, LABEL))
         if declared.control == "dropdown":
             shown = DEFAULT if word is None else str(word)
             return self._dropdown(declared.name, shown or "default", shown)
-        return _control("Text")(
+        text = _control("Text")
+        return text(
             value="" if word is None else str(word), description=declared.name, continuous_update=False,
-            placeholder=declared.metavar or "", style=label, layout=_ipywidgets().Layout(width="460px"),
+            placeholder=declared.metavar or "", **self._shared.looks(text, LABEL, width="460px"),
         )  # fmt: skip
 
     def control(self, name: str) -> Any:
@@ -415,24 +478,30 @@ class LoadView:
         return self.notes[name]
 
     def _layout(self) -> Any:
-        w = _ipywidgets()
-        memory_label = w.HTML(f'<div style="width:{LABEL_WIDTH};text-align:right;padding-right:8px">max_memory</div>')
+        w, shared = _ipywidgets(), self._shared
+        memory_label = self._html(
+            f'<div style="width:{LABEL_WIDTH};text-align:right;padding-right:8px">max_memory</div>'
+        )
         rows = [[self.model, self.offline]]
         for name, declared in CONTROLS.items():
             lead = [memory_label] if declared.control == "sizes" else []
             rows.append([*lead, self.inputs[name], self.notes[name]])
-        self._rows = [w.HBox(children, layout=w.Layout(align_items="center")) for children in rows]
-        self._extras = [w.HTML(STYLE), memory_label]
-        self._fit_row = w.HBox([self.fit_button, self.fit_note], layout=w.Layout(align_items="center"))
+        self._rows = [w.HBox(children, layout=shared.layout(align_items="center")) for children in rows]
+        self._extras = [self._html(STYLE), memory_label]
+        self._fit_row = w.HBox([self.fit_button, self.fit_note], layout=shared.layout(align_items="center"))
+        # infer_box has a layout of its own: the Train mode hides it.
         self.infer_box = w.VBox([*self._rows[1:], self._fit_row, self.message, self.code, self.picture, self.report])
-        return w.VBox([self._extras[0], self._rows[0], self.task, self.infer_box], _dom_classes=("nbhw-load", "nbhw"))
+        return w.VBox([self._extras[0], self._rows[0], self.task, self.infer_box], layout=shared.layout(),
+                      _dom_classes=("nbhw-load", "nbhw"))  # fmt: skip
 
     def _dropdown(self, name: str, label: str, value: str) -> Any:
-        w = _ipywidgets()
-        return _control("Dropdown")(
-            options=[(label, value)], value=value, description=name, style={"description_width": LABEL_WIDTH},
-            layout=w.Layout(width="460px"),
-        )  # fmt: skip
+        dropdown = _control("Dropdown")
+        return dropdown(
+            options=[(label, value)],
+            value=value,
+            description=name,
+            **self._shared.looks(dropdown, LABEL, width="460px"),
+        )
 
     def controls(self) -> list[Any]:
         """The controls whose changes re-plan (the max_memory fields observe themselves)."""
@@ -576,15 +645,16 @@ class LoadView:
         old, self.memory_fields = self.memory_fields, {}
         for f in fields:
             free = f"free {render.size(f.free)}" if f.free is not None else "size, e.g. 70GiB"
-            text = _control("Text")(
+            kind = _control("Text")
+            text = kind(
                 value=old[f.key].value if f.key in old else sizes.get(f.key, ""), description=f.device,
-                placeholder=free, continuous_update=False, layout=_ipywidgets().Layout(width="220px"),
-                style={"description_width": "60px"},
+                placeholder=free, continuous_update=False,
+                **self._shared.looks(kind, {"description_width": "60px"}, width="220px"),
             )  # fmt: skip
             text.observe(self._changed, names="value")
             self.memory_fields[f.key] = text
         self.inputs["max_memory"].children = list(self.memory_fields.values())
-        close_tree(*old.values())
+        close_tree(*old.values(), keep=tuple(self._shared.widgets()))
 
     def _show_form(self, form: Form) -> None:
         self.model.value = form.model
@@ -638,7 +708,7 @@ class LoadView:
         shown = [self.inputs["max_memory"], self.fit_button, self.fit_note, self._fit_row, self.message, self.code,
                  self.picture, self.report]  # fmt: skip
         rows = [*self._extras, *self._rows, self.task, self.infer_box, self.box]
-        return [*self.controls(), *notes, *shown, *self.memory_fields.values(), *rows]
+        return [*self.controls(), *notes, *shown, *self.memory_fields.values(), *rows, *self._shared.widgets()]
 
     def close(self) -> None:
         """Close the widgets, their layouts and styles, the Train mode's too; a job still running is dropped."""

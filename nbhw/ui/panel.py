@@ -1,8 +1,9 @@
 """``%hw`` / ``nbhw.panel()``: one panel with the tabs Devices · Memory · Attention · Load.
 
-The widgets are made when the panel is first displayed in a kernel; in a terminal the panel is text. Every slow
-step (detection, advice, plans) runs on the one ``nbhw-panel`` worker thread shared by all panels; the memory graph
-starts when its tab is first opened. :func:`close_all` (``%unload_ext nbhw``) closes every panel and stops the
+The widgets are made when the panel is first displayed in a kernel, each tab's when the tab is first opened (the
+first display sends only the opened tab's widgets); in a terminal the panel is text. Every slow step (detection,
+advice, plans) runs on the one ``nbhw-panel`` worker thread shared by all panels; the memory graph starts when its
+tab is first opened. :func:`close_all` (``%unload_ext nbhw``) closes every panel and stops the
 worker.
 """
 
@@ -27,12 +28,12 @@ from nbhw.ui.attention import AttentionView
 from nbhw.ui.devices import DevicesView
 from nbhw.ui.load import LoadView
 from nbhw.ui.memory import LOCK, MemoryView, in_kernel, monitor
-from nbhw.ui.tree import close_tree
+from nbhw.ui.tree import Shared, close_tree
 from nbhw.ui.worker import Worker
 
 TABS = ("Devices", "Memory", "Attention", "Load")
 MEMORY_WIDTH = 780
-MEMORY_WAITING = "<span class='nbhw-note'>The memory graph starts when this tab is opened.</span>"
+TAB_WAITING = "<span class='nbhw-note'>This tab fills in once the kernel is free (it is made when first opened).</span>"
 
 _lock = threading.Lock()
 _open: list[Panel] = []
@@ -68,8 +69,17 @@ def close_all() -> None:
     _stop_worker_if_unused()
 
 
+class PanelTabs(w.Tab):  # type: ignore[misc]
+    """The panel's Tab widget, whose repr names the panel rather than every widget in it: ipywidgets' display of a
+    widget starts from its repr (the text/plain the panel replaces anyway), which walked the whole tree (~60 ms)."""
+
+    def __repr__(self) -> str:
+        return f"PanelTabs({', '.join(self.titles)})"
+
+
 class Panel:
-    """The tabbed panel. Display it in Jupyter; ``.load`` is the Load tab's view once displayed; ``.close()``.
+    """The tabbed panel. Display it in Jupyter; ``.devices``, ``.attention``, ``.load``: each tab's view once the
+    tab has been opened (None before); ``.close()``.
 
     ``task="train"``: the Load tab opens in its Train mode, on ``train`` (its controls' words).
     """
@@ -100,6 +110,10 @@ class Panel:
         self.holders: Any = None  # the Memory tab's holders section, made with the graph
         self._tabs: Any = None
         self._memory_box: Any = None
+        self._boxes: dict[str, Any] = {}  # per tab: its view's box, or the box its view goes in when first opened
+        self._waiting: Any = None
+        self._shared = Shared()
+        self._worker: Any = None
 
     def __repr__(self) -> str:
         return f"Panel({self.form.model!r}, tab={self.tab!r})"
@@ -118,7 +132,10 @@ class Panel:
             raise UserError("this panel was closed; run %hw or nbhw.panel() for a new one")
         worker = shared_worker()
         try:
-            self._make(worker)
+            # Under the widgets' lock: a view's job applies its next part (the worker's computing goes on meanwhile
+            # only as far as that part) once the whole panel is made.
+            with LOCK:
+                self._make(worker)
         except BaseException:
             # Never half a panel: what was made is closed, and the worker stops unless another panel uses it.
             self._discard()
@@ -128,27 +145,24 @@ class Panel:
         for view in (self.devices, self.attention, self.load):
             if view is not None:
                 view.close()
-        close_tree(self._memory_box, self._tabs)
-        self.devices = self.attention = self.load = self._memory_box = self._tabs = None
+        close_tree(*self._boxes.values(), self._tabs, self._waiting, *self._shared.widgets())
+        self.devices = self.attention = self.load = self._memory_box = self._tabs = self._waiting = None
+        self._boxes = {}
         _stop_worker_if_unused()
 
     def _make(self, worker: Worker) -> None:
-        models = list(dict.fromkeys([self.form.model, *cached_models()]))
-        # Each view starts its first job when it is made: the tab the panel opens on goes first (the Load tab's code
-        # then waits neither for detection nor for the advisor's builds, seconds the first time).
-        makers = {
-            "Devices": lambda: setattr(self, "devices", DevicesView(worker)),
-            "Attention": lambda: setattr(self, "attention", AttentionView(worker, self.form.model, self.form.offline,
-                                                                          models)),
-            "Load": lambda: setattr(self, "load", LoadView(self.form, worker, models, task=self.task,
-                                                           train=self.train)),
-        }  # fmt: skip
-        for name in sorted(makers, key=lambda n: n != self.tab):
-            makers[name]()
-        self._memory_box = w.VBox([w.HTML(MEMORY_WAITING)])
+        self._worker = worker
+        self._shared = Shared()
+        # Shown in each tab not opened yet (one widget shown in every such tab): the kernel makes a tab's view when
+        # the tab is first selected, so a panel's first display sends only the widgets of the tab it opens on.
+        self._waiting = w.HTML(TAB_WAITING, **self._shared.looks(w.HTML))
+        opened = self._view(self.tab)
+        self._boxes = {name: opened if name == self.tab and opened is not None else self._placeholder()
+                       for name in TABS}  # fmt: skip
+        self._memory_box = self._boxes["Memory"]
         # Everything in the constructor: each later change would be one more message ahead of the panel's display.
-        tabs = w.Tab(
-            children=[self.devices.box, self._memory_box, self.attention.box, self.load.box],
+        tabs = PanelTabs(
+            children=list(self._boxes.values()),
             titles=TABS,
             selected_index=TABS.index(self.tab),
             layout=w.Layout(overflow="auto"),  # a wide table or graph scrolls inside the tab rather than being cut
@@ -161,9 +175,35 @@ class Panel:
         with _lock:
             _open.append(self)
 
+    def _placeholder(self) -> Any:
+        return w.VBox([self._waiting], layout=self._shared.layout())
+
+    def _view(self, tab: str) -> Any:
+        """Make a tab's view (Devices, Attention, Load; it starts its first job) and return its box; None for the
+        Memory tab (see _start_memory)."""
+        if tab == "Devices":
+            self.devices = DevicesView(self._worker)
+            return self.devices.box
+        if tab == "Attention":
+            self.attention = AttentionView(self._worker, self.form.model, self.form.offline, self._models())
+            return self.attention.box
+        if tab == "Load":
+            self.load = LoadView(self.form, self._worker, self._models(), task=self.task, train=self.train)
+            return self.load.box
+        return None
+
+    def _models(self) -> list[str]:
+        return list(dict.fromkeys([self.form.model, *cached_models()]))
+
     def _tab_selected(self, change: Any) -> None:
-        if change["new"] == TABS.index("Memory"):
-            self._start_memory()
+        with LOCK:
+            tab = TABS[change["new"]]
+            if self.closed:
+                return
+            if tab == "Memory":
+                self._start_memory()
+            elif getattr(self, tab.lower()) is None:  # first opened: its view goes where the waiting note was
+                self._boxes[tab].children = [self._view(tab)]
 
     def _start_memory(self) -> None:
         with LOCK:
@@ -185,7 +225,7 @@ class Panel:
 
     def _show_in_memory_tab(self, *widgets: Any) -> None:
         old, self._memory_box.children = self._memory_box.children, list(widgets)
-        close_tree(*[o for o in old if o not in widgets])
+        close_tree(*[o for o in old if o not in widgets], keep=(self._waiting, *self._shared.widgets()))
 
     def close(self) -> None:
         """Close the widgets and the memory graph; the worker stops when no panel is left."""
@@ -205,7 +245,7 @@ class Panel:
             for view in (self.devices, self.attention, self.load):
                 if view is not None:
                     view.close()
-            close_tree(self._memory_box, self._tabs)
+            close_tree(*self._boxes.values(), self._tabs, self._waiting, *self._shared.widgets())
         _stop_worker_if_unused()
 
     # -- text and display

@@ -312,7 +312,7 @@ def advice_target(asked: AdviceArgs) -> Target:
     found = target_of(asked.target)
     if found is not None:
         return catalog_target(found)
-    return parse_device(asked.device, detect())
+    return parse_device(asked.device, detect().backends)
 
 
 advise.__signature__ = signature(advise, ADVICE_ARGUMENTS, keep=("model", "offline"))  # type: ignore[attr-defined]

@@ -16,8 +16,7 @@ from typing import Any
 from nbhw.core.advice.status import Status
 from nbhw.core.errors import UserError
 from nbhw.core.hardware import backends
-from nbhw.core.hardware.data import DeviceInfo
-from nbhw.core.hardware.detect import Hardware
+from nbhw.core.hardware.data import BackendStatus, DeviceInfo
 from nbhw.core.hardware.targets import Target as CatalogTarget
 from nbhw.core.hf import kernel_tables, meta_build, model_config, tiny_model
 from nbhw.core.hf.as_if import AsIf, TargetDevice
@@ -80,25 +79,26 @@ def _transformers_device() -> str:
     return str(get_device_type())
 
 
-def _default_device(hw: Hardware) -> str:
-    for row in hw.usable:
+def _default_device(rows: list[BackendStatus]) -> str:
+    for row in (r for r in rows if r.usable):
         if row.key != "cpu" and row.devices:
             return "rocm:0" if row.key == "rocm" else row.devices[0].device
     return "cpu"
 
 
-def parse_device(text: str | None, hw: Hardware) -> Target:
-    """A device string ('cuda:1', 'cpu', 'mps', 'rocm') as a Target; a UserError naming valid ones otherwise."""
-    text = (text or _default_device(hw)).strip()
+def parse_device(text: str | None, rows: list[BackendStatus]) -> Target:
+    """A device string ('cuda:1', 'cpu', 'mps', 'rocm') as a Target on the machine whose backend rows are ``rows``
+    (``detect().backends``; None: the best usable device); a UserError naming valid ones otherwise."""
+    text = (text or _default_device(rows)).strip()
     valid = device_types()
     m = re.fullmatch(r"([a-z]+)(?::(\d+))?", text)
     if m is None or m.group(1) not in valid:
         names = ", ".join(f"{t}, {t}:N" if t not in {"cpu", "mps", "rocm"} else t for t in valid)
         raise UserError(f"unknown device {text!r}; valid: {names}")
     kind, index = m.group(1), int(m.group(2) or 0)
-    rocm_usable = any(r.key == "rocm" for r in hw.usable)
+    rocm_usable = any(r.key == "rocm" and r.usable for r in rows)
     backend = "rocm" if kind == "rocm" or (kind == "cuda" and rocm_usable) else kind
-    row = next((r for r in hw.backends if r.key == backend), None)
+    row = next((r for r in rows if r.key == backend), None)
     devices = row.devices if row is not None and row.usable else []
     device = f"cuda:{index}" if kind == "rocm" else (kind if kind in {"cpu", "mps"} else f"{kind}:{index}")
     device_type = "rocm" if backend == "rocm" else kind

@@ -76,10 +76,10 @@ def here_target(rows: list[BackendStatus] | None = None) -> Target:
     """This machine's best usable device, as the attention advisor picks it; given ``rows`` (a read of the backends
     already made, a plan's), detection runs once per set of usable devices they show (it takes ~0.5 s)."""
     if rows is None:
-        return parse_device(None, detect())
+        return parse_device(None, detect().backends)
     seen = tuple((r.key, r.usable, len(r.devices)) for r in rows)
     if seen not in _HERE:
-        _HERE[seen] = parse_device(None, detect())
+        _HERE[seen] = parse_device(None, detect().backends)
     return _HERE[seen]
 
 

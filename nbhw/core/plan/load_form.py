@@ -28,6 +28,8 @@ from nbhw.core.argument import Argument
 from nbhw.core.cache import Recent
 from nbhw.core.dtypes import OFFERED
 from nbhw.core.errors import UserError
+from nbhw.core.hardware import backends
+from nbhw.core.hardware.data import BackendStatus
 from nbhw.core.hardware.detect import Hardware, detect
 from nbhw.core.hardware.targets import Target, catalog, target_of
 from nbhw.core.hardware.who_picks import from_pretrained_default
@@ -282,7 +284,7 @@ def form_words(values: Mapping[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------- choices
 
 
-def target_device(device_map: str, hardware: Hardware) -> str | None:
+def target_device(device_map: str) -> str | None:
     """The device the attention and dtype advice are for: the one device_map names, else the advisor's pick."""
     if device_map == NO_DEVICE_MAP:
         return from_pretrained_default().device
@@ -416,7 +418,7 @@ def choices(
     """The options of every control for ``model`` here or on ``target``; advice for the device device_map names."""
     found = _target(target)
     hardware = _hardware(found)
-    device = target_device(device_map, hardware) if found is None else None
+    device = target_device(device_map) if found is None else None
     advice, problem = _advice(model, device, dtype, offline, found.text if found is not None else None)
     options: dict[str, tuple[Option, ...]] = {}
     notes: dict[str, str] = {}
@@ -515,21 +517,22 @@ def size_notes(plan: LoadPlan) -> dict[str, str]:
     return notes
 
 
-_detected: Recent[Hardware] = Recent(1)
-HARDWARE_SECONDS = 2.0  # the Devices tab has just read it: the dtype advice needs no second reading that soon
+_rows: Recent[list[BackendStatus]] = Recent(1)
+ROWS_SECONDS = 2.0  # the backend rows read for the code of one change serve the next ones that quick
 
 
 def quick_dtype(form: Form) -> str | None:
     """The advised dtype for the device the form's device_map names, from the precision advice alone (no attention
-    rows: the code can show before the choices are known); None when the device can't be read. A catalog target's
-    is its own (a T4: float16), from the catalog alone."""
+    rows: the code can show before the choices are known) and the backend rows (not the rest of detection: who
+    picks what, the doctor's checks); None when the device can't be read. A catalog target's is its own (a T4:
+    float16), from the catalog alone."""
     try:
         found = target_of(form.target)
         if found is not None:
             target = catalog_target(found)
         else:
-            hardware = _detected.get(int(time.monotonic() / HARDWARE_SECONDS), detect)
-            target = parse_device(target_device(form.device_map, hardware), hardware)
+            rows = _rows.get(int(time.monotonic() / ROWS_SECONDS), backends.probe_all)
+            target = parse_device(target_device(form.device_map), rows)
     except UserError:
         return None
     return precision.advise(target.device, target.device_type, target.info, target.count).dtype
