@@ -21,9 +21,10 @@ CYCLES = 200
 WARMUP = 10
 MIB = 1024**2
 # RSS may grow by this much over the 200 cycles after the warm-up. Measured: +1.5 MiB (IPython keeps every cell's
-# source and the allocator does not give every page back), flat after ~100 cycles. A %hw panel left open keeps
-# ~100 widgets and ~0.3 MiB of RSS (the second test measures it), so one leaked panel per cycle would add ~60 MiB
-# and one per 4 cycles ~15 MiB; the plotly figure each %hw memory leaked before it was fixed added 36 MiB.
+# source and the allocator does not give every page back), flat after ~100 cycles (+1.6 MiB with every tab opened
+# in the even cycles). A %hw panel left open with every tab opened keeps ~140 widgets and ~0.7 MiB of RSS (the
+# second test measures it), so one leaked panel per cycle would add ~140 MiB and one per 4 cycles ~35 MiB; the
+# plotly figure each %hw memory leaked before it was fixed added 36 MiB.
 RSS_BOUND = 8 * MIB
 
 PROBE = """
@@ -51,13 +52,22 @@ def _nbhw_settle():
     from nbhw.ui import panel
     if panel.open_panels():
         panel.shared_worker().wait(120)
+
+def _nbhw_every_tab():
+    # A panel makes each tab when it is first selected: select them all, as a person looking around would.
+    from nbhw.ui import panel
+    for p in panel.open_panels():
+        for index in range(len(p.widget.children)):
+            p.widget.selected_index = index
+            _nbhw_settle()
 """
 
 SETTLE = "_nbhw_settle()"
-# Even cycles let the panel finish its background work (detection, advice, plan) before unloading; odd cycles unload
-# at once, dropping that work mid-way, and reload the extension in the middle (%reload_ext unloads: the first panel
-# is closed).
-CYCLE = f"%load_ext nbhw\n%hw\n{SETTLE}\n%hw memory\n%unload_ext nbhw\nprint(_nbhw_probe())"
+EVERY_TAB = "_nbhw_every_tab()"
+# Even cycles open every tab of the panel and let it finish its background work (detection, advice, plan) before
+# unloading; odd cycles unload at once, dropping that work mid-way, and reload the extension in the middle
+# (%reload_ext unloads: the first panel is closed).
+CYCLE = f"%load_ext nbhw\n%hw\n{EVERY_TAB}\n%hw memory\n%unload_ext nbhw\nprint(_nbhw_probe())"
 CYCLE_RELOAD = "%load_ext nbhw\n%hw\n%reload_ext nbhw\n%hw memory\n%hw\n%unload_ext nbhw\nprint(_nbhw_probe())"
 
 
@@ -115,12 +125,14 @@ def test_200_load_hw_memory_unload_cycles_leave_no_thread_widget_or_memory_behin
 
 
 def test_panel_cost_what_one_panel_left_open_would_leak(kernel: Kernel) -> None:
-    """The yardstick of RSS_BOUND: what a panel that is never closed keeps (20 of them, then unload)."""
+    """The yardstick of RSS_BOUND: what a panel that is never closed keeps, every tab opened (20 of them, then
+    unload)."""
     before = probe(kernel, "print(_nbhw_probe())")
     kernel.run("%load_ext nbhw")
     after = probe(
         kernel,
-        f"for _ in range(20):\n    get_ipython().run_line_magic('hw', '')\n    {SETTLE}\n" + "print(_nbhw_probe())",
+        f"for _ in range(20):\n    get_ipython().run_line_magic('hw', '')\n{SETTLE}\n{EVERY_TAB}\n"
+        + "print(_nbhw_probe())",
     )
     per_panel = (after["rss"] - before["rss"]) / 20
     widgets = (after["widgets"] - before["widgets"]) / 20
