@@ -122,7 +122,7 @@ class Walker:
         """
         self._held.extend(tensors)
         known, read, plain, storage_of = self._keys_of, self._read_keys, self._plain, self._storage_of
-        nbytes_of, ptr_of, names, sizes = self._nbytes, self._data_ptr, self._device_names, self.sizes
+        nbytes_of, ptr_of, names, keep = self._nbytes, self._data_ptr, self._device_names, self._keep
         fn_of, grad_of = self._fn_of, self._grad_of
         for tensor in tensors:
             if id(tensor) in known:
@@ -141,10 +141,7 @@ class Walker:
                     nbytes = nbytes_of(storage)
                     key = (name, ptr_of(storage))
                     known[id(tensor)] = (key,) if nbytes else ()
-                    if nbytes > sizes.get(key, 0):
-                        sizes[key] = nbytes
-                        self.examples[key] = tensor
-                        self.devices.add(name)
+                    keep(key, nbytes, tensor)
             fn = tensor.grad_fn
             if fn is None:
                 grad = tensor._grad  # a leaf: its .grad
@@ -180,12 +177,17 @@ class Walker:
             name = self._device_names[device] = "" if device.type == "meta" else str(device)
         if nbytes == 0 or not name:
             return ()
-        self.devices.add(name)
         key = (name, self._data_ptr(storage))
-        if nbytes > self.sizes.get(key, 0):  # the largest seen for its address (views of one storage)
+        self._keep(key, nbytes, tensor)
+        return (key,)
+
+    def _keep(self, key: Key, nbytes: int, tensor: Any) -> None:
+        """A storage's bytes, the largest seen for its address (views of one storage), a tensor that views it, and
+        its device."""
+        if nbytes > self.sizes.get(key, 0):
             self.sizes[key] = nbytes
             self.examples[key] = tensor
-        return (key,)
+            self.devices.add(key[0])
 
     def example(self, key: Key) -> str:
         """A storage described for people: 'float64[777] 6.1 KiB'."""
