@@ -20,7 +20,7 @@ import nbhw.session
 from nbhw.core.errors import UserError
 from nbhw.core.memory import holders as H
 from nbhw.core.memory.allocator import TorchMemory
-from nbhw.core.memory.keeps_alive import Walker
+from nbhw.core.memory.keeps_alive import Walker, key_of, where
 from nbhw.session import shell_holders
 from tests.cells import fails, run, storage_bytes
 from tests.fake_allocator import FakeDevice, FakeMemory
@@ -75,10 +75,10 @@ def test_the_sharded_dry_runs_of_a_training_plan_leave_nothing_the_walk_trips_on
 def test_each_storage_lands_in_the_group_of_exactly_the_holders_that_keep_it() -> None:
     """The groups are split part by part with set operations; checked against asking each storage who keeps it."""
     rng = random.Random(21)
-    storages = [("cpu", i) for i in range(300)]
+    storages = [key_of("cpu", i) for i in range(300)]
     for _ in range(20):
         holder_keys = [set(rng.sample(storages, rng.randint(0, 120))) for _ in range(rng.randint(1, 8))]
-        expected: dict[tuple[int, ...], set[tuple[str, int]]] = {}
+        expected: dict[tuple[int, ...], set[int]] = {}
         for key in set().union(*holder_keys):
             expected.setdefault(tuple(i for i, keys in enumerate(holder_keys) if key in keys), set()).add(key)
         assert H._groups(holder_keys) == expected
@@ -291,7 +291,7 @@ def test_tensors_only_cpp_holds_are_found_through_the_graph_and_count_in_the_tot
     # layer_norm's saved mean and rstd are made in C++ and never had a Python object: gc cannot see them.
     # (A temporary that once had one, like a.exp() in a.exp().sin(), keeps it: torch preserves the PyObject.)
     run(shell, "x = torch.randn(4, 100, requires_grad=True)\nz = torch.nn.functional.layer_norm(x, (100,))")
-    found = Walker(torch, set()).find_all()
+    found = set(map(where, Walker(torch, set()).find_all()))
     report = shell_holders(shell)
     graph_only = [n for k, (n, _) in report.storages.items() if k not in found]
     assert sorted(graph_only) == [16, 16]

@@ -22,14 +22,16 @@ import time
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 from nbhw.core.errors import UserError
 from nbhw.core.memory.allocator import DeviceMemory, TorchMemory
-from nbhw.core.memory.keeps_alive import Key, Walker, WalkStopped, may_hold
+from nbhw.core.memory.keeps_alive import Key, Walker, WalkStopped, device_of, may_hold, on_device, where
 from nbhw.core.render import STYLE, Shown, esc, html_table, size, text_table
 
 KINDS = ("variable", "output", "traceback", "graph", "nbhw")
+Storage = tuple[str, int]  # (device, data pointer)
 OUTPUT_NAME = re.compile(r"^(_{1,3}|_\d+)$")
 # IPython's own names in the user namespace that are not the user's variables (the history dicts, the input cache).
 SESSION_NAMES = frozenset({"In", "Out", "_oh", "_ih", "_dh", "exit", "quit", "get_ipython", "_i", "_ii", "_iii"})
@@ -160,11 +162,12 @@ class Holders(Shown):
     seconds: float
     visited: int
     notes: tuple[str, ...] = ()
-    listed: Callable[[], Mapping[Key, tuple[int, frozenset[int]]]] = field(default=dict, repr=False, compare=False)
+    listed: Callable[[], Mapping[Storage, tuple[int, frozenset[int]]]] = field(default=dict, repr=False, compare=False)
 
     @functools.cached_property
-    def storages(self) -> Mapping[Key, tuple[int, frozenset[int]]]:
-        """Every storage found: its bytes and the indices of the holders that keep it (none: unattributed).
+    def storages(self) -> Mapping[Storage, tuple[int, frozenset[int]]]:
+        """Every storage found, as (device, data pointer): its bytes and the indices of the holders that keep it
+        (none: unattributed).
 
         Listed when first read (the report and ``free`` work from the groups).
         """
@@ -388,20 +391,27 @@ def _traceback_roots(errors: Sequence[BaseException | types.TracebackType]) -> l
     return roots
 
 
-def _module_globals(own: Sequence[str]) -> list[tuple[str, str, object]]:
-    """(module, name, value) of each global of these packages' modules that may hold a tensor (no function)."""
+def _own_modules(own: Sequence[str]) -> list[tuple[str, types.ModuleType]]:
     names, prefixes = set(own), tuple(o + "." for o in own)
-    found: list[tuple[str, str, object]] = []
-    for name in [n for n in sys.modules if n in names or n.startswith(prefixes)]:
-        module = sys.modules.get(name)
-        if module is None:
-            continue
-        found += (
-            (name, attr, value)
-            for attr, value in list(vars(module).items())
-            if not attr.startswith("__") and may_hold(value) and not isinstance(value, types.FunctionType)
-        )
-    return found
+    found = [(n, m) for n, m in list(sys.modules.items()) if n in names or n.startswith(prefixes)]
+    return [(n, m) for n, m in found if isinstance(m, types.ModuleType)]
+
+
+def _module_globals(modules: Sequence[tuple[str, types.ModuleType]]) -> list[tuple[str, str, object]]:
+    """(module, name, value) of each global of these modules that may hold a tensor (no function)."""
+    return [
+        (name, attr, value)
+        for name, module in modules
+        for attr, value in list(vars(module).items())
+        if not attr.startswith("__") and may_hold(value) and not isinstance(value, types.FunctionType)
+    ]
+
+
+def _global_values(modules: Sequence[tuple[str, types.ModuleType]]) -> list[object]:
+    """The values of these modules' globals that could hold a tensor (no module machinery, no function), without
+    their names: those are only needed where the values do hold one."""
+    values = [v for _, m in modules for k, v in list(vars(m).items()) if not k.startswith("__")]
+    return [v for v in filter(gc.is_tracked, values) if type(v) is not types.FunctionType]
 
 
 # ---------------------------------------------------------------- holders()
@@ -509,12 +519,13 @@ def _holders(
 def _with_own(roots: list[_Root], own_modules: Sequence[str], walker: Walker) -> Iterator[_Root]:
     """The roots, then nbhw's own module globals: walked one by one only where all of them together reach a tensor."""
     yield from roots
-    own = _module_globals(own_modules)
+    modules = _own_modules(own_modules)
     try:
-        direct, nodes = walker.reach([value for _, _, value in own])
+        direct, nodes = walker.reach(_global_values(modules))
     except WalkStopped:
-        direct, nodes = {("", 0)}, []  # the roots' own walks say where it stopped
+        direct, nodes = {0}, []  # the roots' own walks say where it stopped
     if direct or nodes:
+        own = _module_globals(modules)
         yield from (_Root(Holder(f"{module}.{attr}", "nbhw"), [value]) for module, attr, value in own)
 
 
@@ -588,7 +599,7 @@ def _report(
     memory: DeviceMemory,
     device: str | None,
     scan: bool,
-) -> tuple[tuple[DeviceHolders, ...], Callable[[], dict[Key, tuple[int, frozenset[int]]]]]:
+) -> tuple[tuple[DeviceHolders, ...], Callable[[], dict[Storage, tuple[int, frozenset[int]]]]]:
     """Per device, the groups of exactly-the-same holders; and how to list every storage with its bytes and holders."""
     groups = _groups(holder_keys)
     loose = found.difference(*holder_keys)
@@ -604,12 +615,12 @@ def _report(
     )
     sizes = walker.sizes
 
-    def storages() -> dict[Key, tuple[int, frozenset[int]]]:
+    def storages() -> dict[Storage, tuple[int, frozenset[int]]]:
         nobody: frozenset[int] = frozenset()
-        listed = {k: (sizes[k], nobody) for k in loose}
+        listed = {where(k): (sizes[k], nobody) for k in loose}
         for by, keys in groups.items():
             owners = frozenset(by)
-            listed.update((k, (sizes[k], owners)) for k in keys)
+            listed.update((where(k), (sizes[k], owners)) for k in keys)
         return listed
 
     return out, storages
@@ -621,7 +632,7 @@ def _devices_of(walker: Walker, key_sets: Sequence[set[Key]]) -> set[str]:
         return set()
     if len(walker.devices) == 1:
         return set(walker.devices)
-    return {k[0] for keys in key_sets for k in keys}
+    return set(map(device_of, chain.from_iterable(key_sets)))
 
 
 def _device_holders(
@@ -638,12 +649,14 @@ def _device_holders(
     size_of = walker.sizes.__getitem__
     ranked: list[Group] = []
     for by, every in groups.items():
-        keys = {k for k in every if k[0] == name} if split else every
+        keys = on_device(every, name) if split else every
         if keys:
             ranked.append(Group(tuple(all_holders[i] for i in by), sum(map(size_of, keys)), len(keys), frozenset(by)))
     ranked.sort(key=lambda g: (-g.nbytes, g.label))
-    here = {k for k in loose if k[0] == name} if split else loose
-    examples = tuple(walker.example(k) for k in heapq.nlargest(3, here, key=size_of))
+    here = on_device(loose, name) if split else loose
+    largest = heapq.nlargest(3, here, key=size_of)
+    described = walker.examples(largest) if largest else {}
+    examples = tuple(described[k] for k in largest)
     allocated, reserved = memory.allocated(name), memory.reserved(name)
     unattributed = sum(map(size_of, here))
     counted: int | None = len(here)

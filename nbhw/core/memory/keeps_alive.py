@@ -15,8 +15,10 @@ imported). How it counts:
 """
 
 from __future__ import annotations
+import __future__
 
 import gc
+import logging
 import time
 import types
 from collections import OrderedDict, defaultdict, deque
@@ -30,10 +32,16 @@ from nbhw.core.render import size
 MAX_VISITS = 3_000_000  # a walk that reaches this many objects stops and says so (never a silent partial answer)
 
 # Objects whose references are not followed: they hold the whole program (a module's globals, a class's
-# subclasses and MRO, a function's globals) rather than data that a variable keeps alive.
+# subclasses and MRO, a function's globals, the logging tree: every logger of the process, their handlers and
+# streams; a `from __future__` feature) rather than data that a variable keeps alive.
 OPAQUE: frozenset[type] = frozenset(
     {
         types.ModuleType,
+        logging.Logger,
+        logging.RootLogger,
+        logging.Manager,
+        logging.PlaceHolder,
+        type(__future__.annotations),
         type,
         types.CodeType,
         types.BuiltinFunctionType,
@@ -50,11 +58,58 @@ OPAQUE: frozenset[type] = frozenset(
 # Builtin containers: an empty one holds nothing (nn.Module keeps about a dozen empty hook dicts per module).
 _CONTAINERS: frozenset[type] = frozenset({dict, list, set, tuple, frozenset, OrderedDict, deque, defaultdict})
 
-Key = tuple[str, int]  # (device, data pointer) of a storage
+# A storage, as one int: its data pointer and its device's number (ints hash and compare in a step; (device, pointer)
+# tuples made and hashed per tensor were a third of a walk). Numbers are given per process, in order of first sight.
+Key = int
+_DEVICE_BITS = 16
+_DEVICES: list[str] = [""]  # number -> device name; 0: no memory of its own (meta)
+_NUMBERS: dict[str, int] = {"": 0}
+
+
+def key_of(device: str, data_ptr: int) -> Key:
+    """The key of the storage at ``data_ptr`` on ``device`` ('cpu', 'cuda:0')."""
+    return data_ptr << _DEVICE_BITS | _number(device)
+
+
+def _number(device: str) -> int:
+    number = _NUMBERS.get(device)
+    if number is None:
+        if len(_DEVICES) >= 1 << _DEVICE_BITS:
+            raise WalkStopped(f"more than {len(_DEVICES):,} devices")
+        number = _NUMBERS[device] = len(_DEVICES)
+        _DEVICES.append(device)
+    return number
+
+
+def device_of(key: Key) -> str:
+    return _DEVICES[key & ((1 << _DEVICE_BITS) - 1)]
+
+
+def on_device(keys: set[Key], device: str) -> set[Key]:
+    """The keys of the storages on ``device``."""
+    number = _NUMBERS.get(device)
+    if number is None:
+        return set()
+    mask = (1 << _DEVICE_BITS) - 1
+    return {k for k in keys if k & mask == number}
+
+
+def where(key: Key) -> tuple[str, int]:
+    """(device, data pointer) of a storage key."""
+    return device_of(key), key >> _DEVICE_BITS
 
 
 class WalkStopped(Exception):
     """A walk reached its object or time limit; the message says which."""
+
+
+class _Reached:
+    """What a walk has reached so far: storages, the next objects to walk, grad_fn nodes (walked as graphs)."""
+
+    __slots__ = ("frontier", "keys", "nodes")
+
+    def __init__(self, keys: set[Key], frontier: list[object], nodes: list[object]) -> None:
+        self.keys, self.frontier, self.nodes = keys, frontier, nodes
 
 
 def may_hold(value: object) -> bool:
@@ -73,15 +128,15 @@ class Walker:
         self.torch = torch
         self.deadline = deadline
         self.tensor_types = frozenset(_subclasses(torch.Tensor))
+        self._metaclasses = frozenset(map(type, self.tensor_types))  # what a tensor's class is an instance of
         self.saved_tensor = torch._C._autograd.SavedTensor
         self.ignore = ignore
         self.sizes: dict[Key, int] = {}
-        self.examples: dict[Key, Any] = {}  # a tensor of each storage, described only for what is shown
-        self.devices: set[str] = set()  # the devices of the storages read
+        self.devices: set[str] = set()  # the devices of the storages read (and of empty ones: never fewer)
         self.visited = 0
         # Per tensor read (by id; ``_held`` keeps each id from being reused while the walk runs): its storages,
         # and where it has one, its .grad and its grad_fn.
-        self._keys_of: dict[int, tuple[Key, ...]] = {}
+        self._keys_of: dict[int, Key | tuple[Key, ...]] = {}  # one storage: its key; none or several: a tuple
         self._grad_of: dict[int, object] = {}
         self._fn_of: dict[int, object] = {}
         self._linked: set[int] = set()  # the tensors whose grad and grad_fn were read
@@ -93,7 +148,7 @@ class Walker:
         self._storage_of = torch.Tensor.untyped_storage
         self._nbytes = torch.UntypedStorage.nbytes
         self._data_ptr = torch.UntypedStorage.data_ptr
-        self._device_names: dict[Any, str] = {}
+        self._device_numbers: dict[Any, int] = {}  # torch.device -> its number in keys (0: meta)
         self._saved_names: dict[type, tuple[str, ...]] = {}
         # Types not walked by gc.get_referents: tensors, opaque objects, functions, frames, autograd nodes.
         self._opaque: set[type] = set(OPAQUE)
@@ -111,10 +166,11 @@ class Walker:
         if known is None:
             known = self._keys_of[id(tensor)] = self._read_keys(tensor)
             self._held.append(tensor)
-        return known
+        return (known,) if isinstance(known, int) else known
 
-    def _read(self, tensors: list[Any]) -> None:
-        """The storages of tensors not read yet, and each one's grad_fn and .grad: one pass, each tensor touched once.
+    def _read(self, tensors: list[Any], ids: list[int], reached: _Reached) -> None:
+        """Tensors not read yet in this walk (``ids``: theirs, in order): their storages, .grad and grad_fn, each
+        tensor touched once, every attribute in one visit; what they keep goes straight into ``reached``.
 
         The walk is bound by memory, not by the interpreter: a tensor's Python object, its TensorImpl and its storage
         lie apart in memory, and mapping one getter over the list per attribute reached for them six times (measured
@@ -122,37 +178,52 @@ class Walker:
         """
         self._held.extend(tensors)
         known, read, plain, storage_of = self._keys_of, self._read_keys, self._plain, self._storage_of
-        nbytes_of, ptr_of, names, keep = self._nbytes, self._data_ptr, self._device_names, self._keep
-        fn_of, grad_of = self._fn_of, self._grad_of
-        for tensor in tensors:
-            if id(tensor) in known:
-                pass
-            elif type(tensor) not in plain:
-                known[id(tensor)] = read(tensor)
-            else:  # a plain tensor (torch.Tensor, nn.Parameter), read here: a call per tensor less
-                try:
-                    storage = storage_of(tensor)
-                except (RuntimeError, NotImplementedError):
-                    storage = None  # sparse, a vmap level
-                name = None if storage is None else names.get(storage.device)
-                if not name:  # unknown device, meta (""), or no storage of its own
-                    known[id(tensor)] = read(tensor)
+        nbytes_of, ptr_of, numbers, sizes = self._nbytes, self._data_ptr, self._device_numbers, self.sizes
+        fn_of, grad_of, frontier, nodes = self._fn_of, self._grad_of, reached.frontier, reached.nodes
+        got: list[Key] = []  # one storage per tensor, almost always: into the keys at the end, in one call
+        many: list[tuple[Key, ...]] = []
+        for tensor, tid in zip(tensors, ids, strict=True):
+            found = known.get(tid)
+            if found is None:
+                if type(tensor) in plain:  # a plain tensor (torch.Tensor, nn.Parameter), read here
+                    try:
+                        storage = storage_of(tensor)
+                    except (RuntimeError, NotImplementedError):
+                        storage = None  # sparse, a vmap level
+                    number = None if storage is None else numbers.get(storage.device)
+                    nbytes = nbytes_of(storage) if number else 0
+                    if nbytes:
+                        key: Key = ptr_of(storage) << _DEVICE_BITS | number
+                        if nbytes > sizes.setdefault(key, nbytes):  # the largest seen (views of one storage)
+                            sizes[key] = nbytes
+                        found = key
+                    elif number:
+                        found = ()  # an empty storage
+                    else:  # unknown device, meta, or no storage of its own
+                        found = read(tensor)
                 else:
-                    nbytes = nbytes_of(storage)
-                    key = (name, ptr_of(storage))
-                    known[id(tensor)] = (key,) if nbytes else ()
-                    keep(key, nbytes, tensor)
+                    found = read(tensor)
+                known[tid] = found
+            if isinstance(found, int):
+                got.append(found)
+            elif found:
+                many.append(found)
             fn = tensor.grad_fn
             if fn is None:
                 grad = tensor._grad  # a leaf: its .grad
             else:
-                fn_of[id(tensor)] = fn
+                fn_of[tid] = fn
+                nodes.append(fn)
                 grad = tensor._grad if tensor.retains_grad else None  # any other warns when asked for it
             if grad is not None:
-                grad_of[id(tensor)] = grad
-        self._linked.update(map(id, tensors))
+                grad_of[tid] = grad
+                frontier.append(grad)
+        reached.keys.update(got)
+        if many:
+            reached.keys.update(chain.from_iterable(many))
+        self._linked.update(ids)
 
-    def _read_keys(self, tensor: Any) -> tuple[Key, ...]:
+    def _read_keys(self, tensor: Any) -> Key | tuple[Key, ...]:
         """One tensor's storages: its own (a plain tensor), a wrapper subclass's inner tensors', a sparse tensor's
         parts', the tensor a vmap level wraps; none for an empty storage or a meta one."""
         plain = type(tensor) in self._plain
@@ -172,27 +243,30 @@ class Walker:
             return tuple(k for part in _sparse_parts(tensor) for k in self.storage_keys(part))
         nbytes = self._nbytes(storage)
         device = storage.device  # the storage's, not the tensor's: a FakeTensor says cuda and lives on meta
-        name = self._device_names.get(device)
-        if name is None:
-            name = self._device_names[device] = "" if device.type == "meta" else str(device)
-        if nbytes == 0 or not name:
+        number = self._device_numbers.get(device)
+        if number is None:
+            name = "" if device.type == "meta" else str(device)
+            number = self._device_numbers[device] = _number(name)
+            if number:
+                self.devices.add(name)
+        if nbytes == 0 or not number:
             return ()
-        key = (name, self._data_ptr(storage))
-        self._keep(key, nbytes, tensor)
-        return (key,)
-
-    def _keep(self, key: Key, nbytes: int, tensor: Any) -> None:
-        """A storage's bytes, the largest seen for its address (views of one storage), a tensor that views it, and
-        its device."""
-        if nbytes > self.sizes.get(key, 0):
+        key: Key = self._data_ptr(storage) << _DEVICE_BITS | number
+        if nbytes > self.sizes.get(key, 0):  # the largest seen for its address (views of one storage)
             self.sizes[key] = nbytes
-            self.examples[key] = tensor
-            self.devices.add(key[0])
+        return key
 
-    def example(self, key: Key) -> str:
-        """A storage described for people: 'float64[777] 6.1 KiB'."""
-        tensor = self.examples[key]
-        return f"{str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)} {size(self.sizes[key])}"
+    def examples(self, keys: Collection[Key]) -> dict[Key, str]:
+        """Storages described for people: 'float64[777] 6.1 KiB' (a tensor that views each, found in one pass)."""
+        wanted, found = set(keys), {}
+        known = self._keys_of
+        for obj in self._held:
+            got = known.get(id(obj))
+            for key in (got,) if isinstance(got, int) else got or ():
+                if key in wanted and key not in found:
+                    dtype = str(obj.dtype).removeprefix("torch.")  # type: ignore[attr-defined]
+                    found[key] = f"{dtype}{list(obj.shape)} {size(self.sizes[key])}"  # type: ignore[attr-defined]
+        return found
 
     def find_all(self) -> set[Key]:
         """Every storage of a live Python tensor, found without the holders: one pass over the gc heap.
@@ -204,11 +278,10 @@ class Walker:
         """
         types_ = self.tensor_types
         found = [o for o in gc.get_referrers(*types_) if type(o) in types_]
-        known = self._keys_of
-        fresh = [t for t in found if id(t) not in self._linked]
-        if fresh:
-            self._read(fresh)  # with their grad_fn and .grad: the walk that follows touches none of them again
-        return set(chain.from_iterable(map(known.__getitem__, map(id, found))))
+        reached = _Reached(set(), [], [])
+        # Read with their grad_fn and .grad: the walk that follows touches none of them again.
+        self._tensors_reached(found, list(map(id, found)), reached)
+        return reached.keys
 
     # -- one root
 
@@ -232,10 +305,10 @@ class Walker:
         while frontier:
             is_tensor = list(map(tensor_types.__contains__, map(type, frontier)))
             if any(is_tensor):
-                tensors = self._fresh(list(compress(frontier, is_tensor)), seen, keys, nodes)
+                ids, tensors = _fresh_tensors(list(compress(frontier, is_tensor)), seen)
                 objects = self._fresh(list(compress(frontier, map(not_, is_tensor))), seen, keys, nodes)
             else:
-                tensors, objects = [], self._fresh(frontier, seen, keys, nodes)
+                ids, tensors, objects = [], [], self._fresh(frontier, seen, keys, nodes)
             self.visited += len(tensors) + len(objects)
             if self.visited > MAX_VISITS:
                 raise WalkStopped(f"more than {MAX_VISITS:,} objects")
@@ -244,7 +317,7 @@ class Walker:
             frontier = self._objects_reached(objects, keys, nodes) if objects else []
             if tensors:
                 frontier += self._tensor_referents(tensors)
-                self._tensors_reached(tensors, keys, frontier, nodes)
+                self._tensors_reached(tensors, ids, _Reached(keys, frontier, nodes))
 
     def _fresh(self, objects: list[object], seen: set[int], keys: set[Key], nodes: list[object]) -> list[object]:
         """The objects not seen yet in this walk, each once; a root's value walked before adds what it keeps."""
@@ -290,7 +363,7 @@ class Walker:
     def _tensor_referents(self, tensors: list[object]) -> list[object]:
         """What tensors refer to besides their class: a __dict__, hooks (most tensors have neither)."""
         found = gc.get_referents(*tensors)
-        return [] if all(map(isinstance, found, repeat(type))) else self._followed(found)
+        return [] if self._metaclasses.issuperset(map(type, found)) else self._followed(found)
 
     def _objects_reached(self, fresh: list[object], keys: set[Key], nodes: list[object]) -> list[object]:
         """The next frontier from objects other than tensors."""
@@ -313,18 +386,26 @@ class Walker:
                 nodes.append(obj)  # a grad_fn node: walked as a graph, not as an object
         return frontier
 
-    def _tensors_reached(self, tensors: list[Any], keys: set[Key], frontier: list[object], nodes: list[object]) -> None:
-        """Their storages into ``keys``, their grads into ``frontier``, their grad_fn nodes into ``nodes``."""
-        known, linked = self._keys_of, self._linked
-        ids = list(map(id, tensors))
-        if not linked.issuperset(ids):  # not read yet in this walk (the scan reads only storages)
-            fresh = tensors if linked.isdisjoint(ids) else _without(tensors, ids, linked)
-            self._read(fresh)
-        keys.update(chain.from_iterable(map(known.__getitem__, ids)))
+    def _tensors_reached(self, tensors: list[Any], ids: list[int], reached: _Reached) -> None:
+        """Their storages, grads and grad_fn nodes into ``reached`` (``ids``: the tensors', in order)."""
+        linked = self._linked
+        if linked.isdisjoint(ids):  # none read yet in this walk: the common case
+            self._read(tensors, ids, reached)
+            return
+        is_read = list(map(linked.__contains__, ids))
+        if not all(is_read):
+            unread = list(map(not_, is_read))
+            self._read(list(compress(tensors, unread)), list(compress(ids, unread)), reached)
+            ids = list(compress(ids, is_read))
+        found: list[Any] = list(map(self._keys_of.__getitem__, ids))  # a key, or a tuple of them
+        one = list(map(isinstance, found, repeat(int)))
+        reached.keys.update(compress(found, one))
+        if not all(one):
+            reached.keys.update(chain.from_iterable(compress(found, map(not_, one))))
         if self._grad_of:
-            frontier += map(self._grad_of.__getitem__, self._grad_of.keys() & ids)
+            reached.frontier += map(self._grad_of.__getitem__, self._grad_of.keys() & ids)
         if self._fn_of:
-            nodes += map(self._fn_of.__getitem__, self._fn_of.keys() & ids)
+            reached.nodes += map(self._fn_of.__getitem__, self._fn_of.keys() & ids)
 
     def _classify(self, kind: type) -> None:
         self._classified.add(kind)
@@ -378,7 +459,7 @@ class Walker:
                 keys: set[Key] = set()
                 found: list[object] = []
                 if simple:
-                    self._tensors_reached(objects, keys, [], found)
+                    self._tensors_reached(objects, list(map(id, objects)), _Reached(keys, [], found))
                 else:
                     self._walk(objects, keys, found, set())  # fresh seen: the same object may hang off two nodes
                 nexts = [nxt for nxt, _ in getattr(node, "next_functions", ()) if nxt is not None] + found
@@ -394,8 +475,9 @@ class Walker:
         plain = self._plain
         if not all(map(plain.__contains__, map(type, objects))):
             return False
-        self._tensors_reached(objects, set(), [], [])
-        return not self._tensor_referents(objects) and self._grad_of.keys().isdisjoint(map(id, objects))
+        ids = list(map(id, objects))
+        self._tensors_reached(objects, ids, _Reached(set(), [], []))
+        return not self._tensor_referents(objects) and self._grad_of.keys().isdisjoint(ids)
 
     def _kept_by(self, node: object) -> list[object]:
         objects = self._saved(node)
@@ -427,9 +509,17 @@ class Walker:
         return out
 
 
-def _without(objects: list[Any], ids: list[int], known: Collection[int]) -> list[Any]:
-    """The objects whose id (``ids``, in the same order) is not in ``known``."""
-    return list(compress(objects, map(not_, map(known.__contains__, ids))))
+def _fresh_tensors(tensors: list[object], seen: set[int]) -> tuple[list[int], list[object]]:
+    """(ids, tensors) of the tensors not seen yet in this walk, each once."""
+    ids = list(map(id, tensors))
+    unique = set(ids)
+    if len(unique) == len(ids) and seen.isdisjoint(unique):
+        seen |= unique
+        return ids, tensors
+    batch = dict(zip(ids, tensors, strict=True))
+    fresh = list(unique - seen)
+    seen.update(fresh)
+    return fresh, list(map(batch.__getitem__, fresh))
 
 
 def _propagate(mask: dict[int, int], children: dict[int, list[object]], indegree: dict[int, int]) -> None:
