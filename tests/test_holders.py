@@ -20,7 +20,7 @@ import nbhw.session
 from nbhw.core.errors import UserError
 from nbhw.core.memory import holders as H
 from nbhw.core.memory.allocator import TorchMemory
-from nbhw.core.memory.keeps_alive import Walker, key_of, where
+from nbhw.core.memory.keeps_alive import Walker, device_of, key_of, on_device, where
 from nbhw.session import shell_holders
 from tests.cells import fails, run, storage_bytes
 from tests.fake_allocator import FakeDevice, FakeMemory
@@ -70,6 +70,16 @@ def test_the_sharded_dry_runs_of_a_training_plan_leave_nothing_the_walk_trips_on
     report = shell_holders(shell)
     assert report.held_by("t") == 4000
     balanced(report)
+
+
+def test_a_storage_key_gives_back_its_device_and_address_and_keys_on_one_device_are_picked_out() -> None:
+    top = (1 << 57) - 8  # above any user-space address of a 64-bit machine
+    keys = {key_of(device, ptr) for device in ("cpu", "cuda:0", "cuda:1") for ptr in (0, 8, top)}
+    assert len(keys) == 9
+    assert sorted(map(where, keys)) == sorted((d, p) for d in ("cpu", "cuda:0", "cuda:1") for p in (0, 8, top))
+    assert {where(k) for k in on_device(keys, "cuda:1")} == {("cuda:1", p) for p in (0, 8, top)}
+    assert on_device(keys, "xpu:0") == set()
+    assert {device_of(k) for k in keys} == {"cpu", "cuda:0", "cuda:1"}
 
 
 def test_each_storage_lands_in_the_group_of_exactly_the_holders_that_keep_it() -> None:
