@@ -82,6 +82,14 @@ def test_a_storage_key_gives_back_its_device_and_address_and_keys_on_one_device_
     assert {device_of(k) for k in keys} == {"cpu", "cuda:0", "cuda:1"}
 
 
+def test_an_object_many_others_share_is_walked_once_in_one_frontier_and_after() -> None:
+    shared = {"weight": torch.zeros(10)}
+    walker = Walker(torch, set())
+    keys, _ = walker.reach([[shared] * 1000 + [[shared]] * 1000])  # 1000 in one frontier, 1000 more one level down
+    assert {where(k)[0] for k in keys} == {"cpu"} and len(keys) == 1
+    assert walker.visited <= 6  # the root list, the 1000 lists of one (one object), the dict, the tensor
+
+
 def test_each_storage_lands_in_the_group_of_exactly_the_holders_that_keep_it() -> None:
     """The groups are split part by part with set operations; checked against asking each storage who keeps it."""
     rng = random.Random(21)

@@ -137,13 +137,16 @@ class Walker:
         # Per tensor read (by id; ``_held`` keeps each id from being reused while the walk runs): its storages,
         # and where it has one, its .grad and its grad_fn.
         self._keys_of: dict[int, Key | tuple[Key, ...]] = {}  # one storage: its key; none or several: a tuple
+        self._inner: dict[int, Key | tuple[Key, ...]] = {}  # the same, of a tensor read for its storages only
         self._grad_of: dict[int, object] = {}
         self._fn_of: dict[int, object] = {}
-        self._linked: set[int] = set()  # the tensors whose grad and grad_fn were read
         self._held: list[object] = []
         # What a root's value keeps alive, once walked: another root reaching the same object (a frame's ``self``, a
         # bound method's object) takes it from here instead of walking it again.
         self._closures: dict[int, tuple[set[Key], list[object]]] = {}
+        # Where each walk's seen ids start: the ignored objects and the roots walked before (reaching one of these
+        # is the exception, looked at only when a frontier has an id seen before).
+        self._not_new: set[int] = set(ignore)
         self._plain = {torch.Tensor, torch.nn.Parameter}
         self._storage_of = torch.Tensor.untyped_storage
         self._nbytes = torch.UntypedStorage.nbytes
@@ -164,7 +167,9 @@ class Walker:
         """The storages a tensor's memory lives in (a wrapper subclass: its inner tensors'; meta: none)."""
         known = self._keys_of.get(id(tensor))
         if known is None:
-            known = self._keys_of[id(tensor)] = self._read_keys(tensor)
+            known = self._inner.get(id(tensor))
+        if known is None:
+            known = self._inner[id(tensor)] = self._read_keys(tensor)
             self._held.append(tensor)
         return (known,) if isinstance(known, int) else known
 
@@ -177,13 +182,19 @@ class Walker:
         on a model's 10,800 tensors: a third more time than this loop).
         """
         self._held.extend(tensors)
-        known, read, plain, storage_of = self._keys_of, self._read_keys, self._plain, self._storage_of
+        known, inner, read, plain, storage_of = (
+            self._keys_of,
+            self._inner,
+            self._read_keys,
+            self._plain,
+            self._storage_of,
+        )
         nbytes_of, ptr_of, numbers, sizes = self._nbytes, self._data_ptr, self._device_numbers, self.sizes
         fn_of, grad_of, frontier, nodes = self._fn_of, self._grad_of, reached.frontier, reached.nodes
         got: list[Key] = []  # one storage per tensor, almost always: into the keys at the end, in one call
         many: list[tuple[Key, ...]] = []
         for tensor, tid in zip(tensors, ids, strict=True):
-            found = known.get(tid)
+            found = inner.get(tid) if inner else None  # read before for its storages only (a wrapper's inner)
             if found is None:
                 if type(tensor) in plain:  # a plain tensor (torch.Tensor, nn.Parameter), read here
                     try:
@@ -221,7 +232,6 @@ class Walker:
         reached.keys.update(got)
         if many:
             reached.keys.update(chain.from_iterable(many))
-        self._linked.update(ids)
 
     def _read_keys(self, tensor: Any) -> Key | tuple[Key, ...]:
         """One tensor's storages: its own (a plain tensor), a wrapper subclass's inner tensors', a sparse tensor's
@@ -259,9 +269,9 @@ class Walker:
     def examples(self, keys: Collection[Key]) -> dict[Key, str]:
         """Storages described for people: 'float64[777] 6.1 KiB' (a tensor that views each, found in one pass)."""
         wanted, found = set(keys), {}
-        known = self._keys_of
+        known, inner = self._keys_of, self._inner
         for obj in self._held:
-            got = known.get(id(obj))
+            got = known.get(id(obj), inner.get(id(obj)))
             for key in (got,) if isinstance(got, int) else got or ():
                 if key in wanted and key not in found:
                     dtype = str(obj.dtype).removeprefix("torch.")  # type: ignore[attr-defined]
@@ -288,12 +298,16 @@ class Walker:
     def reach(self, values: Sequence[object]) -> tuple[set[Key], list[object]]:
         """(storages reached directly, the grad_fn nodes of the tensors reached) from these values."""
         direct: set[Key] = set()
-        seen: set[int] = set()  # the ids walked (the walker holds the objects: an id is never reused meanwhile)
         nodes: list[object] = []
-        self._walk(list(values), direct, nodes, seen)
+        self._walk(list(values), direct, nodes, self._seen())
         if len(values) == 1:
             self._closures[id(values[0])] = (direct, nodes)
+            self._not_new.add(id(values[0]))
         return direct, nodes
+
+    def _seen(self) -> set[int]:
+        """A walk's seen ids at its start (the walker holds the objects it walked: an id is never reused meanwhile)."""
+        return self._not_new.copy()
 
     def _walk(self, frontier: list[object], keys: set[Key], nodes: list[object], seen: set[int]) -> None:
         """Breadth first, a whole frontier at a time; every per-object pass runs in C (map, zip, compress, sets):
@@ -305,10 +319,11 @@ class Walker:
         while frontier:
             is_tensor = list(map(tensor_types.__contains__, map(type, frontier)))
             if any(is_tensor):
-                ids, tensors = _fresh_tensors(list(compress(frontier, is_tensor)), seen)
-                objects = self._fresh(list(compress(frontier, map(not_, is_tensor))), seen, keys, nodes)
+                ids, tensors = self._fresh(list(compress(frontier, is_tensor)), seen, keys, nodes)
+                _, objects = self._fresh(list(compress(frontier, map(not_, is_tensor))), seen, keys, nodes)
             else:
-                ids, tensors, objects = [], [], self._fresh(frontier, seen, keys, nodes)
+                ids, tensors = [], []
+                _, objects = self._fresh(frontier, seen, keys, nodes)
             self.visited += len(tensors) + len(objects)
             if self.visited > MAX_VISITS:
                 raise WalkStopped(f"more than {MAX_VISITS:,} objects")
@@ -319,31 +334,32 @@ class Walker:
                 frontier += self._tensor_referents(tensors)
                 self._tensors_reached(tensors, ids, _Reached(keys, frontier, nodes))
 
-    def _fresh(self, objects: list[object], seen: set[int], keys: set[Key], nodes: list[object]) -> list[object]:
-        """The objects not seen yet in this walk, each once; a root's value walked before adds what it keeps."""
+    def _fresh(
+        self, objects: list[object], seen: set[int], keys: set[Key], nodes: list[object]
+    ) -> tuple[list[int], list[object]]:
+        """(ids, objects) of the objects not seen yet in this walk, each once; a root's value walked before adds what
+        it keeps instead."""
         if not objects:
-            return objects
+            return [], objects
         self._held.extend(objects)  # a getter's fresh object (a frame's locals) keeps its id until the walk ends
         ids = list(map(id, objects))
-        unique = set(ids)
-        if len(unique) == len(ids) and seen.isdisjoint(unique) and self._unwalked(unique):
-            seen |= unique  # the common case: a frontier of new objects, in set operations only
-            return objects
-        batch = dict(zip(ids, objects, strict=True))
-        fresh_ids = unique - seen - self.ignore
-        done = fresh_ids & self._closures.keys()
-        if done:  # walked before as a root: what it keeps is known
-            seen |= done
-            fresh_ids -= done
-            for i in done:
+        if seen.isdisjoint(ids):  # the common case: two passes over the ids
+            before = len(seen)
+            seen.update(ids)
+            if len(seen) - before == len(ids):
+                return ids, objects
+            once = dict(
+                zip(ids, objects, strict=True)
+            )  # one object twice in the frontier (a config many modules share)
+            return list(once), list(once.values())
+        if self._closures:
+            for i in self._closures.keys() & ids:  # walked before as a root: what it keeps is known
                 keys |= self._closures[i][0]
                 nodes += self._closures[i][1]
-        seen |= fresh_ids
-        return list(map(batch.__getitem__, fresh_ids))
-
-    def _unwalked(self, ids: set[int]) -> bool:
-        """None of these is ignored or a root walked before."""
-        return self.ignore.isdisjoint(ids) and self._closures.keys().isdisjoint(ids)
+        is_new = list(map(not_, map(seen.__contains__, ids)))
+        once = dict(zip(compress(ids, is_new), compress(objects, is_new), strict=True))
+        seen.update(once)
+        return list(once), list(once.values())
 
     def _referents(self, objects: list[object]) -> list[object]:
         """What the objects refer to that could hold a tensor (one C call for all of them).
@@ -388,7 +404,7 @@ class Walker:
 
     def _tensors_reached(self, tensors: list[Any], ids: list[int], reached: _Reached) -> None:
         """Their storages, grads and grad_fn nodes into ``reached`` (``ids``: the tensors', in order)."""
-        linked = self._linked
+        linked = self._keys_of.keys()  # the tensors read, with their grad and grad_fn
         if linked.isdisjoint(ids):  # none read yet in this walk: the common case
             self._read(tensors, ids, reached)
             return
@@ -461,7 +477,7 @@ class Walker:
                 if simple:
                     self._tensors_reached(objects, list(map(id, objects)), _Reached(keys, [], found))
                 else:
-                    self._walk(objects, keys, found, set())  # fresh seen: the same object may hang off two nodes
+                    self._walk(objects, keys, found, self._seen())  # the same object may hang off two nodes
                 nexts = [nxt for nxt, _ in getattr(node, "next_functions", ()) if nxt is not None] + found
                 children[id(node)], node_keys[id(node)] = nexts, keys
                 for nxt in nexts:
@@ -507,19 +523,6 @@ class Walker:
                     if data is not None:
                         out.append(data)
         return out
-
-
-def _fresh_tensors(tensors: list[object], seen: set[int]) -> tuple[list[int], list[object]]:
-    """(ids, tensors) of the tensors not seen yet in this walk, each once."""
-    ids = list(map(id, tensors))
-    unique = set(ids)
-    if len(unique) == len(ids) and seen.isdisjoint(unique):
-        seen |= unique
-        return ids, tensors
-    batch = dict(zip(ids, tensors, strict=True))
-    fresh = list(unique - seen)
-    seen.update(fresh)
-    return fresh, list(map(batch.__getitem__, fresh))
 
 
 def _propagate(mask: dict[int, int], children: dict[int, list[object]], indegree: dict[int, int]) -> None:
