@@ -23,8 +23,9 @@ import time
 import types
 from collections import OrderedDict, defaultdict, deque
 from collections.abc import Callable, Collection, Iterator, Sequence
+from functools import partial
 from itertools import chain, compress, repeat
-from operator import not_
+from operator import is_not, not_
 from typing import Any
 
 from nbhw.core.render import size
@@ -419,9 +420,9 @@ class Walker:
         if not all(one):
             reached.keys.update(chain.from_iterable(compress(found, map(not_, one))))
         if self._grad_of:
-            reached.frontier += map(self._grad_of.__getitem__, self._grad_of.keys() & ids)
+            reached.frontier += filter(_is_something, map(self._grad_of.get, ids))
         if self._fn_of:
-            reached.nodes += map(self._fn_of.__getitem__, self._fn_of.keys() & ids)
+            reached.nodes += filter(_is_something, map(self._fn_of.get, ids))
 
     def _classify(self, kind: type) -> None:
         self._classified.add(kind)
@@ -475,7 +476,7 @@ class Walker:
                 keys: set[Key] = set()
                 found: list[object] = []
                 if simple:
-                    self._tensors_reached(objects, list(map(id, objects)), _Reached(keys, [], found))
+                    self._read_before(objects, keys, found)
                 else:
                     self._walk(objects, keys, found, self._seen())  # the same object may hang off two nodes
                 nexts = [nxt for nxt, _ in getattr(node, "next_functions", ()) if nxt is not None] + found
@@ -494,6 +495,20 @@ class Walker:
         ids = list(map(id, objects))
         self._tensors_reached(objects, ids, _Reached(set(), [], []))
         return not self._tensor_referents(objects) and self._grad_of.keys().isdisjoint(ids)
+
+    def _read_before(self, tensors: list[object], keys: set[Key], nodes: list[object]) -> None:
+        """The storages and grad_fn nodes of a node's saved tensors, all read before with the wave's (a few per node:
+        a loop costs less than a batch's passes)."""
+        known, fn_of = self._keys_of, self._fn_of
+        for tensor in tensors:
+            found = known[id(tensor)]
+            if isinstance(found, int):
+                keys.add(found)
+            else:
+                keys.update(found)
+            fn = fn_of.get(id(tensor))
+            if fn is not None:
+                nodes.append(fn)
 
     def _kept_by(self, node: object) -> list[object]:
         objects = self._saved(node)
@@ -523,6 +538,9 @@ class Walker:
                     if data is not None:
                         out.append(data)
         return out
+
+
+_is_something = partial(is_not, None)  # in C: a filter that never asks an object for its truth (a tensor raises)
 
 
 def _propagate(mask: dict[int, int], children: dict[int, list[object]], indegree: dict[int, int]) -> None:
