@@ -3,13 +3,14 @@
 The walker behind ``nbhw.holders()``; torch is never imported here (the front end hands in the module the user
 imported). How it counts:
 
-- The unit is a storage (the memory block a tensor views), keyed by (device, data pointer), counted with its full
-  ``nbytes``: a small view keeps its whole storage alive, so that is what freeing it would return.
+- The unit is a storage (the memory block a tensor views), keyed by its device and data pointer (in one int:
+  :func:`key_of`, :func:`where`), counted with its full ``nbytes``: a small view keeps its whole storage alive, so
+  that is what freeing it would return.
 - A tensor's ``grad_fn`` graph is walked as a graph (its saved tensors, AccumulateGrad's leaf, a custom Function's
   ctx attributes), once for all the roots that share it. Saved tensors are read with ``SavedTensor.data``, which
   never runs unpack hooks (those could copy to the device or recompute a checkpointed forward).
-- Modules, classes, code, a function's globals and a frame's ``f_back``/``f_globals`` are not followed: they hold
-  the whole program, not the data a variable keeps alive.
+- Modules, classes, code, a function's globals, a frame's ``f_back``/``f_globals`` and the logging tree are not
+  followed: they hold the whole program, not the data a variable keeps alive.
 - :meth:`Walker.find_all` finds every live Python tensor without the holders (one pass over the gc heap), so that
   what no holder explains is counted, never hidden.
 """
