@@ -92,12 +92,15 @@ def child(case: str, repeat: int) -> dict[str, Any]:
     from nbhw.session import shell_holders
 
     first = timed(lambda: shell_holders(sh), 1)  # storages' Python objects are made now (torch keeps them)
+    classes = tuple(Walker(torch, set()).tensor_types)
     figures: dict[str, Any] = {
         "case": case,
         "tensors": sum(1 for o in gc.get_objects() if issubclass(type(o), torch.Tensor)),
         "storages": len(Walker(torch, set()).find_all()),
         "objects": len(gc.get_objects()),
         "gc": timed(gc.get_objects, repeat),
+        "referrers": timed(lambda: gc.get_referrers(*classes), repeat),  # the scan's heap pass alone
+        "classes": len(classes),
         "walk": timed(lambda: shell_holders(sh, scan=False), repeat),
         "scan": timed(lambda: shell_holders(sh), repeat),
         "first": first,
@@ -213,6 +216,12 @@ def notes(figures: list[dict[str, Any]]) -> list[str]:
     train, model = by["train"], by["model"]
     hook = model["hook"]
     return [
+        *(
+            f"{f['case']}: the scan's heap pass alone (gc.get_referrers over {f['classes']} tensor classes) "
+            f"{_ms(f['referrers'])} ms, {f['referrers'][0] / f['gc'][0]:.2f}x gc.get_objects()"
+            for f in figures
+            if f["case"] != "train"
+        ),
         f"train: out-of-memory report {_ms(train['report'])} ms CPU (wall) against gc.get_objects() "
         f"{_ms(train['gc'])}; first {_ms(train['first'])}; held {train['held']:,} B of which the traceback "
         f"{train['traceback']:,} B (load {train['load']:.2f})",
