@@ -184,14 +184,9 @@ class Walker:
         on a model's 10,800 tensors: a third more time than this loop).
         """
         self._held.extend(tensors)
-        known, inner, read, plain, storage_of = (
-            self._keys_of,
-            self._inner,
-            self._read_keys,
-            self._plain,
-            self._storage_of,
-        )
-        nbytes_of, ptr_of, numbers, sizes = self._nbytes, self._data_ptr, self._device_numbers, self.sizes
+        known, inner, read, plain = self._keys_of, self._inner, self._read_keys, self._plain
+        storage_of, nbytes_of, ptr_of = self._storage_of, self._nbytes, self._data_ptr
+        numbers, sizes = self._device_numbers, self.sizes
         fn_of, grad_of, frontier, nodes = self._fn_of, self._grad_of, reached.frontier, reached.nodes
         got: list[Key] = []  # one storage per tensor, almost always: into the keys at the end, in one call
         many: list[tuple[Key, ...]] = []
@@ -272,12 +267,13 @@ class Walker:
         """Storages described for people: 'float64[777] 6.1 KiB' (a tensor that views each, found in one pass)."""
         wanted, found = set(keys), {}
         known, inner = self._keys_of, self._inner
-        for obj in self._held:
-            got = known.get(id(obj), inner.get(id(obj)))
+        tensor: Any
+        for tensor in self._held:
+            got = known.get(id(tensor), inner.get(id(tensor)))  # None: not a tensor
             for key in (got,) if isinstance(got, int) else got or ():
                 if key in wanted and key not in found:
-                    dtype = str(obj.dtype).removeprefix("torch.")  # type: ignore[attr-defined]
-                    found[key] = f"{dtype}{list(obj.shape)} {size(self.sizes[key])}"  # type: ignore[attr-defined]
+                    dtype = str(tensor.dtype).removeprefix("torch.")
+                    found[key] = f"{dtype}{list(tensor.shape)} {size(self.sizes[key])}"
         return found
 
     def find_all(self) -> set[Key]:
@@ -350,9 +346,8 @@ class Walker:
             seen.update(ids)
             if len(seen) - before == len(ids):
                 return ids, objects
-            once = dict(
-                zip(ids, objects, strict=True)
-            )  # one object twice in the frontier (a config many modules share)
+            # An object twice in the frontier (a config that many modules share): walked once.
+            once = dict(zip(ids, objects, strict=True))
             return list(once), list(once.values())
         if self._closures:
             for i in self._closures.keys() & ids:  # walked before as a root: what it keeps is known
