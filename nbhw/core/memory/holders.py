@@ -398,20 +398,14 @@ def _own_modules(own: Sequence[str]) -> list[tuple[str, types.ModuleType]]:
 
 
 def _module_globals(modules: Sequence[tuple[str, types.ModuleType]]) -> list[tuple[str, str, object]]:
-    """(module, name, value) of each global of these modules that may hold a tensor (no function)."""
+    """(module, name, value) of each global of these modules that may hold a tensor (no module machinery, no
+    function; classes and modules are the walker's to skip)."""
     return [
         (name, attr, value)
         for name, module in modules
         for attr, value in list(vars(module).items())
-        if not attr.startswith("__") and may_hold(value) and not isinstance(value, types.FunctionType)
+        if not attr.startswith("__") and gc.is_tracked(value) and type(value) is not types.FunctionType
     ]
-
-
-def _global_values(modules: Sequence[tuple[str, types.ModuleType]]) -> list[object]:
-    """The values of these modules' globals that could hold a tensor (no module machinery, no function), without
-    their names: those are only needed where the values do hold one."""
-    values = [v for _, m in modules for k, v in list(vars(m).items()) if not k.startswith("__")]
-    return [v for v in filter(gc.is_tracked, values) if type(v) is not types.FunctionType]
 
 
 # ---------------------------------------------------------------- holders()
@@ -519,13 +513,12 @@ def _holders(
 def _with_own(roots: list[_Root], own_modules: Sequence[str], walker: Walker) -> Iterator[_Root]:
     """The roots, then nbhw's own module globals: walked one by one only where all of them together reach a tensor."""
     yield from roots
-    modules = _own_modules(own_modules)
+    own = _module_globals(_own_modules(own_modules))
     try:
-        direct, nodes = walker.reach(_global_values(modules))
+        direct, nodes = walker.reach([value for _, _, value in own])
     except WalkStopped:
         direct, nodes = {0}, []  # the roots' own walks say where it stopped
     if direct or nodes:
-        own = _module_globals(modules)
         yield from (_Root(Holder(f"{module}.{attr}", "nbhw"), [value]) for module, attr, value in own)
 
 

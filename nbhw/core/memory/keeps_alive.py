@@ -64,13 +64,18 @@ _CONTAINERS: frozenset[type] = frozenset({dict, list, set, tuple, frozenset, Ord
 # tuples made and hashed per tensor were a third of a walk). Numbers are given per process, in order of first sight.
 Key = int
 _DEVICE_BITS = 16
+_DEVICE_MASK = (1 << _DEVICE_BITS) - 1
 _DEVICES: list[str] = [""]  # number -> device name; 0: no memory of its own (meta)
 _NUMBERS: dict[str, int] = {"": 0}
 
 
 def key_of(device: str, data_ptr: int) -> Key:
     """The key of the storage at ``data_ptr`` on ``device`` ('cpu', 'cuda:0')."""
-    return data_ptr << _DEVICE_BITS | _number(device)
+    return _pack(data_ptr, _number(device))
+
+
+def _pack(data_ptr: int, number: int) -> Key:
+    return data_ptr << _DEVICE_BITS | number  # Walker._read writes this inline: a call per tensor less
 
 
 def _number(device: str) -> int:
@@ -84,7 +89,7 @@ def _number(device: str) -> int:
 
 
 def device_of(key: Key) -> str:
-    return _DEVICES[key & ((1 << _DEVICE_BITS) - 1)]
+    return _DEVICES[key & _DEVICE_MASK]
 
 
 def on_device(keys: set[Key], device: str) -> set[Key]:
@@ -92,8 +97,7 @@ def on_device(keys: set[Key], device: str) -> set[Key]:
     number = _NUMBERS.get(device)
     if number is None:
         return set()
-    mask = (1 << _DEVICE_BITS) - 1
-    return {k for k in keys if k & mask == number}
+    return {k for k in keys if k & _DEVICE_MASK == number}
 
 
 def where(key: Key) -> tuple[str, int]:
@@ -114,6 +118,11 @@ class _Reached:
         self.keys, self.frontier, self.nodes = keys, frontier, nodes
 
 
+def _as_keys(known: Key | tuple[Key, ...]) -> tuple[Key, ...]:
+    """A read tensor's storages as a tuple (one storage is kept as its key alone)."""
+    return (known,) if isinstance(known, int) else known
+
+
 def may_hold(value: object) -> bool:
     """Whether a value can keep a tensor alive: untracked objects (str, int, a dict of ints) cannot."""
     return gc.is_tracked(value) and not isinstance(value, (type, types.ModuleType)) and type(value) not in OPAQUE
@@ -132,7 +141,6 @@ class Walker:
         self.tensor_types = frozenset(_subclasses(torch.Tensor))
         self._metaclasses = frozenset(map(type, self.tensor_types))  # what a tensor's class is an instance of
         self.saved_tensor = torch._C._autograd.SavedTensor
-        self.ignore = ignore
         self.sizes: dict[Key, int] = {}
         self.devices: set[str] = set()  # the devices of the storages read (and of empty ones: never fewer)
         self.visited = 0
@@ -173,7 +181,7 @@ class Walker:
         if known is None:
             known = self._inner[id(tensor)] = self._read_keys(tensor)
             self._held.append(tensor)
-        return (known,) if isinstance(known, int) else known
+        return _as_keys(known)
 
     def _read(self, tensors: list[Any], ids: list[int], reached: _Reached) -> None:
         """Tensors not read yet in this walk (``ids``: theirs, in order): their storages, .grad and grad_fn, each
@@ -201,7 +209,7 @@ class Walker:
                     number = None if storage is None else numbers.get(storage.device)
                     nbytes = nbytes_of(storage) if number else 0
                     if nbytes:
-                        key: Key = ptr_of(storage) << _DEVICE_BITS | number
+                        key: Key = ptr_of(storage) << _DEVICE_BITS | number  # _pack, inline
                         if nbytes > sizes.setdefault(key, nbytes):  # the largest seen (views of one storage)
                             sizes[key] = nbytes
                         found = key
@@ -258,8 +266,8 @@ class Walker:
                 self.devices.add(name)
         if nbytes == 0 or not number:
             return ()
-        key: Key = self._data_ptr(storage) << _DEVICE_BITS | number
-        if nbytes > self.sizes.get(key, 0):  # the largest seen for its address (views of one storage)
+        key = _pack(self._data_ptr(storage), number)
+        if nbytes > self.sizes.setdefault(key, nbytes):  # the largest seen for its address (views of one storage)
             self.sizes[key] = nbytes
         return key
 
@@ -270,7 +278,7 @@ class Walker:
         tensor: Any
         for tensor in self._held:
             got = known.get(id(tensor), inner.get(id(tensor)))  # None: not a tensor
-            for key in (got,) if isinstance(got, int) else got or ():
+            for key in () if got is None else _as_keys(got):
                 if key in wanted and key not in found:
                     dtype = str(tensor.dtype).removeprefix("torch.")
                     found[key] = f"{dtype}{list(tensor.shape)} {size(self.sizes[key])}"
@@ -339,23 +347,21 @@ class Walker:
         it keeps instead."""
         if not objects:
             return [], objects
-        self._held.extend(objects)  # a getter's fresh object (a frame's locals) keeps its id until the walk ends
         ids = list(map(id, objects))
         if seen.isdisjoint(ids):  # the common case: two passes over the ids
             before = len(seen)
             seen.update(ids)
             if len(seen) - before == len(ids):
                 return ids, objects
-            # An object twice in the frontier (a config that many modules share): walked once.
-            once = dict(zip(ids, objects, strict=True))
-            return list(once), list(once.values())
-        if self._closures:
-            for i in self._closures.keys() & ids:  # walked before as a root: what it keeps is known
-                keys |= self._closures[i][0]
-                nodes += self._closures[i][1]
-        is_new = list(map(not_, map(seen.__contains__, ids)))
-        once = dict(zip(compress(ids, is_new), compress(objects, is_new), strict=True))
-        seen.update(once)
+            once = dict(zip(ids, objects, strict=True))  # an object twice in the frontier (a config modules share)
+        else:
+            if self._closures:
+                for i in self._closures.keys() & ids:  # walked before as a root: what it keeps is known
+                    keys |= self._closures[i][0]
+                    nodes += self._closures[i][1]
+            is_new = list(map(not_, map(seen.__contains__, ids)))
+            once = dict(zip(compress(ids, is_new), compress(objects, is_new), strict=True))
+            seen.update(once)
         return list(once), list(once.values())
 
     def _referents(self, objects: list[object]) -> list[object]:
@@ -380,6 +386,7 @@ class Walker:
 
     def _objects_reached(self, fresh: list[object], keys: set[Key], nodes: list[object]) -> list[object]:
         """The next frontier from objects other than tensors."""
+        self._held.extend(fresh)  # a getter's fresh object (a frame's locals) keeps its id until the walk ends
         special, opaque = self._special, self._opaque
         kinds = list(map(type, fresh))
         for kind in set(kinds) - self._classified:
