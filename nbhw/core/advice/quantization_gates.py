@@ -19,6 +19,7 @@ from typing import Any
 
 from nbhw.core.advice.quantization_methods import classes, one_line
 from nbhw.core.advice.status import Status
+from nbhw.core.hardware import since_start
 from nbhw.core.hf.as_if import AsIf, NotModelled, TargetDevice
 
 READ = "transformers' own checks"
@@ -141,10 +142,12 @@ def gate(key: str, config: Any, where: Where, pre_quantized: bool = False) -> Ga
     assume: list[str] = []
     installs: list[str] = []
     calls: list[str] = []
+    kept: list[str] = []
     bare = False
     for _ in range(MAX_PASSES):
         out, run = _one_pass(key, config, where, pre_quantized, assume, bare=bare)
         calls += [c for c in run.seen.calls if c not in calls]
+        kept += [k for k in run.seen.kept if k not in kept]
         if out.missing is None:
             break
         if out.missing[0].startswith("module:"):
@@ -157,7 +160,25 @@ def gate(key: str, config: Any, where: Where, pre_quantized: bool = False) -> Ga
     g.calls, g.dtype = calls, out.dtype
     if out.dtype_note:
         g.notes.append(out.dtype_note)
+    _restart_for_kept_answers(g, kept, assume, bare, where)
     return g
+
+
+def _restart_for_kept_answers(g: Gate, kept: list[str], assume: list[str], bare: bool, where: Where) -> None:
+    """Package checks transformers answered False and keeps (its ``lru_cache``), whose own code now finds the
+    package: pip installed it since. Only a restart makes transformers see it, so the fix says that, not pip."""
+    if not kept:
+        return
+    found = since_start.installed()
+    for check in reversed(kept):
+        dist = found.get(since_start.normalized(_pkg(check)))
+        what = f"{dist.name} {dist.version}" if dist is not None else _pkg(check)
+        g.notes.insert(0, f"{what} is installed now, but transformers keeps its first answer to {check}() (False) "
+                          "until the kernel restarts")  # fmt: skip
+    everything = set(kept) >= set(assume) and not bare
+    g.fix = since_start.RESTART if everything or not g.fix else f"{since_start.RESTART}; {g.fix}"
+    if everything and g.status is Status.PACKAGE:
+        g.why = f"transformers' checks pass on {where.label} once the kernel restarts (the packages are installed)"
 
 
 def install_hint(problem: str | None) -> str | None:

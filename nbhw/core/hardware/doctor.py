@@ -2,7 +2,8 @@
 
 The worst failures come first: a torch wheel with no kernels for this GPU ("no kernel image is available" while
 ``torch.cuda.is_available()`` is True), a flash-attn wheel built for another torch ("undefined symbol"), a
-bitsandbytes build without this backend, a Hub kernel with no build for this torch. Each check reads files (ELF
+bitsandbytes build without this backend, a Hub kernel with no build for this torch, a package installed again
+while its old version runs (``%pip install -U`` in a running kernel). Each check reads files (ELF
 headers, symbol tables, fat binaries, wheel metadata, the HF cache) and never loads an extension it checks
 (flash-attn and bitsandbytes are not imported; the ``kernels`` package is, for its own build resolver), creates a
 CUDA context, calls into the CUDA driver, arms torch's fork trap, or touches the network.
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from nbhw.core.hardware import cuda_arch, nvml, package_checks, probes, visible_devices
+from nbhw.core.hardware import cuda_arch, nvml, package_checks, probes, since_start, visible_devices
 from nbhw.core.hardware.extensions import loaded_sonames
 from nbhw.core.hardware.findings import Check, Finding, Gpu, Preflight, System, TorchFacts
 
@@ -250,6 +251,7 @@ CHECKS: tuple[Callable[[System], CheckResult], ...] = (
     package_checks.check_flash_attn,
     package_checks.check_bitsandbytes,
     package_checks.check_kernels,
+    since_start.check_installed_since_start,
 )
 
 

@@ -75,10 +75,12 @@ class TargetDevice:
 
 @dataclass
 class Seen:
-    """What a run read: the device calls, the package checks (and their answer here), the log lines, quirks."""
+    """What a run read: the device calls, the package checks (and their answer here), the log lines, quirks, and the
+    package checks whose kept answer (False) is no longer true (the package was installed since they were asked)."""
 
     calls: list[str] = field(default_factory=list)
     packages: list[tuple[str, bool]] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
     logs: list[tuple[str, str]] = field(default_factory=list)
     quirks: list[str] = field(default_factory=list)
 
@@ -255,9 +257,23 @@ class AsIf:
                 value = value[0]
             here = bool(value)
             self.seen.packages.append((name, here))
+            if not here and name not in self.assume and name not in self.seen.kept and self._now(real, args, kwargs):
+                self.seen.kept.append(name)
             return True if name in self.assume else here
 
         return run
+
+    def _now(self, check: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """A kept package check (transformers' ``lru_cache``) asked again: its own body, run as a copy that sees the
+        stand-ins, so a package installed since the first answer is found and no device is touched."""
+        body = getattr(check, "__wrapped__", None)
+        if body is None or not hasattr(check, "cache_info"):
+            return False
+        try:
+            value = self.call(body, *args, **kwargs)
+        except Exception:
+            return False
+        return bool(value[0] if isinstance(value, tuple) else value)
 
     def _current_accelerator(self) -> Any:
         assert self.device is not None
