@@ -1,13 +1,15 @@
 """Packages installed while the kernel runs: the doctor names a package installed again under its import, and a
 quantization method whose package was installed after transformers asked about it says to restart, not to install.
 
-Packages are installed for real as pip leaves them (a ``.dist-info`` folder and the files, in a folder on
-``sys.path``) while this process runs; the modules are real modules, imported by the test where it says so."""
+Packages are installed as pip leaves them (a ``.dist-info`` folder and the files, in a folder on ``sys.path``)
+while this process runs, and in a real kernel by ``%pip install`` itself (local wheels, ``--target`` a folder of the
+test's own, so the venv is untouched); the modules are real modules, imported where the test says so."""
 
 from __future__ import annotations
 
 import os
 import sys
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,8 @@ import nbhw
 from nbhw.core.advice import quantization
 from nbhw.core.hardware import doctor, since_start
 from tests.fake_binaries import write_distribution
+from tests.test_holders_kernel import shown
+from tests.test_memory_kernel import Kernel
 
 MODULE = "nbhw_demo_pkg"
 
@@ -111,3 +115,49 @@ def test_a_package_installed_after_transformers_asked_says_restart_not_pip_insta
     )
     assert "fouroversix" not in sys.modules  # found by transformers' own check, asked again; never imported
     sys.modules.pop("fouroversix", None)
+
+
+def wheel(folder: Path, name: str, version: str) -> Path:
+    """A pure-Python wheel of one module whose ``__version__`` is ``version``, for pip to install."""
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    info = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}/__init__.py": f"__version__ = {version!r}\n",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: nbhw-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{f},,\n" for f in files) + f"{info}/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as z:
+        for f, text in files.items():
+            z.writestr(f, text)
+    return path
+
+
+@pytest.mark.slow
+def test_in_a_kernel_pip_install_leads_the_doctor_and_the_quantization_table_to_say_restart(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    pip = f"%pip install -q --no-deps --no-index --upgrade --target {site}"
+    old, new, four = (wheel(tmp_path, MODULE, "1.0"), wheel(tmp_path, MODULE, "2.0"),
+                      wheel(tmp_path, "fouroversix", "1.0.0"))  # fmt: skip
+    kernel = Kernel()
+    try:
+        kernel.run(f"import sys\nsys.path.insert(0, {str(site)!r})\n%load_ext nbhw")
+        kernel.run(f"{pip} {old}", timeout=120)
+        out, _ = kernel.run(f"import nbhw, {MODULE}\nprint({MODULE}.__version__)\n"
+                            "print(nbhw.quantization().row('fouroversix').here.fix)", timeout=120)  # fmt: skip
+        assert out.splitlines() == ["1.0", "pip install fouroversix --no-build-isolation"]
+        kernel.run(f"{pip} {new} {four}", timeout=120)
+        _, messages = kernel.run("%hw doctor")
+        doctor_text = shown(messages)
+        out, _ = kernel.run("row = nbhw.quantization().row('fouroversix').here\nprint(row.fix)\nprint(row.notes[0])\n"
+                            f"print({MODULE}.__version__, 'fouroversix' in sys.modules)", timeout=120)  # fmt: skip
+    finally:
+        kernel.close()
+    assert f"! {MODULE}:changed-since-import (warning, fails at import)" in doctor_text
+    assert f"{MODULE} 2.0 was installed at " in doctor_text and "it imported before, 1.0, is still" in doctor_text
+    assert "installed while running  finding" in doctor_text
+    fix, note, still = out.splitlines()
+    assert fix == since_start.RESTART and still == "1.0 False"
+    assert note == ("fouroversix 1.0.0 is installed now, but transformers keeps its first answer to "
+                    "is_fouroversix_available() (False) until the kernel restarts")  # fmt: skip

@@ -89,16 +89,18 @@ def installed() -> dict[str, Installed]:
 def _scan(paths: list[str]) -> dict[str, Installed]:
     found: dict[str, Installed] = {}
     for path in paths:
+        here: dict[str, Installed] = {}
         for entry in _folders(path):
             name, _, version = entry.name.removesuffix(".dist-info").partition("-")
-            key = normalized(name)
-            if key in found or not version:
-                continue
             try:
                 at = entry.stat().st_mtime
             except OSError:
                 continue
-            found[key] = Installed(name, version, at, entry.path)
+            key = normalized(name)
+            if version and (key not in here or at > here[key].at):  # two in one folder (pip --target): the newer
+                here[key] = Installed(name, version, at, entry.path)
+        for key, dist in here.items():
+            found.setdefault(key, dist)  # an earlier folder on the path wins, as for imports
     return found
 
 
