@@ -7,6 +7,8 @@ other threads), and that a device call nbhw doesn't answer is stopped before it 
 
 from __future__ import annotations
 
+import functools
+import logging
 import threading
 from typing import Any
 
@@ -140,3 +142,34 @@ def test_a_changed_flash_matrix_in_transformers_changes_a_targets_advice(monkeyp
     after = nbhw.attention(target="H100").row("flash_attention_3")
     assert after.status == "won't work" and "compute capability 10.0" in after.reason
     assert nbhw.attention(target="B200").row("flash_attention_3").status == "works"
+
+
+_INSTALLED = [False]
+logger = logging.getLogger("nbhw.tests.demo")  # in a copy, the run's own log (as transformers' logger is)
+
+
+@functools.lru_cache
+def is_nbhw_demo_available() -> bool:
+    """Shaped as transformers' package checks are: cached for the process, and it logs."""
+    logger.warning("looked for nbhw_demo")
+    return _INSTALLED[0]
+
+
+def _asks_for_the_demo() -> bool:
+    return is_nbhw_demo_available()
+
+
+def test_a_kept_false_answer_is_asked_again_and_only_the_answer_is_kept() -> None:
+    first = AsIf(T4)
+    assert first.call(_asks_for_the_demo) is False and first.seen.kept == []  # still missing: nothing to say
+    _INSTALLED[0] = True  # "pip install" after the first answer
+    try:
+        again = AsIf(T4)
+        assert again.call(_asks_for_the_demo) is False  # what transformers keeps, as transformers would answer
+        assert again.seen.kept == ["is_nbhw_demo_available"]
+        # The second ask ran as a copy (its log line went to the run) and left nothing else behind.
+        assert again.seen.packages == [("is_nbhw_demo_available", False)] and again.seen.logs == []
+        assert is_nbhw_demo_available() is False  # the cache itself is untouched
+    finally:
+        _INSTALLED[0] = False
+        is_nbhw_demo_available.cache_clear()

@@ -269,10 +269,15 @@ class AsIf:
         body = getattr(check, "__wrapped__", None)
         if body is None or not hasattr(check, "cache_info"):
             return False
+        seen = self.seen
+        before = [(part, len(part)) for part in (seen.calls, seen.packages, seen.logs, seen.quirks, seen.kept)]
         try:
             value = self.call(body, *args, **kwargs)
         except Exception:
             return False
+        finally:
+            for part, n in before:  # what the second ask read is not what the check read
+                del part[n:]
         return bool(value[0] if isinstance(value, tuple) else value)
 
     def _current_accelerator(self) -> Any:
