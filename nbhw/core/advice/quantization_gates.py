@@ -19,7 +19,7 @@ from typing import Any
 
 from nbhw.core.advice.quantization_methods import classes, one_line
 from nbhw.core.advice.status import Status
-from nbhw.core.hardware import since_start
+from nbhw.core.hardware import package_checks, since_start
 from nbhw.core.hf.as_if import AsIf, NotModelled, TargetDevice
 
 READ = "transformers' own checks"
@@ -169,10 +169,9 @@ def _restart_for_kept_answers(g: Gate, kept: list[str], assume: list[str], bare:
     package: pip installed it since. Only a restart makes transformers see it, so the fix says that, not pip."""
     if not kept:
         return
-    found = since_start.installed()
     for check in reversed(kept):
-        dist = found.get(since_start.normalized(_pkg(check)))
-        what = f"{dist.name} {dist.version}" if dist is not None else _pkg(check)
+        dist = package_checks.distribution(_pkg(check))  # what the check's own importlib.metadata lookup finds
+        what = f"{dist.metadata['Name']} {dist.version}" if dist is not None else _pkg(check)
         g.notes.insert(0, f"{what} is installed now, but transformers keeps its first answer to {check}() (False) "
                           "until the kernel restarts")  # fmt: skip
     everything = set(kept) >= set(assume) and not bare

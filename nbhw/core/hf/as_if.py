@@ -119,6 +119,11 @@ class _Log:
         return record
 
 
+def _found(answer: Any) -> bool:
+    """A package check's answer as a bool (a (found, version) tuple: its first item)."""
+    return bool(answer[0] if isinstance(answer, tuple) else answer)
+
+
 class AsIf:
     """Runs copies of library functions as if on ``device`` (None: this machine, calls recorded, nothing replaced).
 
@@ -251,11 +256,10 @@ class AsIf:
             if isinstance(value, tuple):
                 # transformers 5.24's is_sinq_available returns _is_package_available's (found, version) tuple,
                 # which is always truthy: its own check never fires and the load fails later on `import sinq`.
-                quirk = f"transformers' {name}() returns {value!r} (always true): read as {bool(value[0])}"
+                quirk = f"transformers' {name}() returns {value!r} (always true): read as {_found(value)}"
                 if quirk not in self.seen.quirks:
                     self.seen.quirks.append(quirk)
-                value = value[0]
-            here = bool(value)
+            here = _found(value)
             self.seen.packages.append((name, here))
             if not here and name not in self.assume and name not in self.seen.kept and self._now(real, args, kwargs):
                 self.seen.kept.append(name)
@@ -278,7 +282,7 @@ class AsIf:
         finally:
             for part, n in before:  # what the second ask read is not what the check read
                 del part[n:]
-        return bool(value[0] if isinstance(value, tuple) else value)
+        return _found(value)
 
     def _current_accelerator(self) -> Any:
         assert self.device is not None
