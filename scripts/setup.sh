@@ -10,9 +10,11 @@ python="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 # Install torch first, pinned: a bare `torch` requirement would pull a multi-GB CUDA build.
 .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0"
+# The rest at the versions the suite last passed with (scripts/constraints.txt says why and how to refresh it).
+pins=(-c scripts/constraints.txt)
 case "$what" in
-  lab) .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[lab]" ;;
-  test) .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]" ;;
+  lab) .venv/bin/python -m pip install -q --disable-pip-version-check "${pins[@]}" -e ".[lab]" ;;
+  test) .venv/bin/python -m pip install -q --disable-pip-version-check "${pins[@]}" -e ".[test]" ;;
   *) echo "usage: scripts/setup.sh [lab|test]" >&2; exit 2 ;;
 esac
 

@@ -224,6 +224,7 @@ class FakeHardware:
         self._set_nvml(self.nvml)
         self.mp.setattr(torch.version, "cuda", cuda_build)
         self.mp.setattr(torch.version, "hip", None)
+        self.torch_accelerator("cuda")
         # Nothing may ask torch for its arch list: that call arms the fork trap (nbhw reads torch's binary).
         self.mp.setattr(torch._C, "_cuda_getArchFlags", _arms_the_fork_trap, raising=False)
         return self.nvml
@@ -232,6 +233,7 @@ class FakeHardware:
         """AMD GPUs: a ROCm build of torch (torch.version.hip) and amdsmi."""
         self.mp.setattr(torch.version, "hip", hip)
         self.mp.setattr(torch.version, "cuda", None)
+        self.torch_accelerator("cuda")  # a ROCm build is torch's cuda device type
         if not amdsmi:
             self.mp.setitem(sys.modules, "amdsmi", None)
             self.mp.setattr(torch.cuda, "device_count", lambda: len(gpus))
@@ -262,6 +264,7 @@ class FakeHardware:
             self.mp.setitem(sys.modules, ".".join(parts[:i]), fake_module(".".join(parts[:i])))
         dev = FakeDeviceModule(device, list(gpus), available=available)
         self.mp.setattr(torch, device, dev, raising=False)
+        self.torch_accelerator(device)  # the plugin registered its device type (PrivateUse1 wins over a build's)
         return dev
 
     def plugin_without_device_module(self, module: str) -> None:
@@ -273,11 +276,15 @@ class FakeHardware:
         dev = FakeDeviceModule("xpu", list(gpus))
         dev._is_compiled = lambda: compiled  # type: ignore[method-assign]
         self.mp.setattr(torch, "xpu", dev)
+        if compiled:
+            self.torch_accelerator("xpu")
         return dev
 
     def mps(self, built: bool = True, available: bool = True, macos14: bool = True, total: int = 48 * GIB) -> None:
         """An Apple Silicon Mac."""
         mps = torch.backends.mps
+        if built:
+            self.torch_accelerator("mps")
         self.mp.setattr(mps, "is_built", lambda: built)
         self.mp.setattr(mps, "is_available", lambda: available)
         self.mp.setattr(mps, "is_macos_or_newer", lambda major, minor: macos14)
@@ -292,12 +299,15 @@ class FakeHardware:
             self.mp.setitem(sys.modules, "torch_tpu", None)
             return
         self.mp.setitem(sys.modules, "torch_tpu", fake_module("torch_tpu"))
-        self.mp.setattr(
-            torch.accelerator, "current_accelerator", lambda check_available=False: types.SimpleNamespace(type="tpu")
-        )
+        self.torch_accelerator("tpu")
         self.mp.setattr(torch.accelerator, "is_available", lambda: count > 0)
         self.mp.setattr(torch.accelerator, "device_count", lambda: count)
         self.mp.setattr(torch.accelerator, "get_memory_info", lambda i=None: (30 * GIB, 32 * GIB))
+
+    def torch_accelerator(self, kind: str | None) -> None:
+        """What torch.accelerator.current_accelerator() names: the build's device type, or a registered plugin's."""
+        current = None if kind is None else types.SimpleNamespace(type=kind)
+        self.mp.setattr(torch.accelerator, "current_accelerator", lambda check_available=False: current)
 
     def linux_cpu_machine(self, *, native_bf16: bool = True) -> None:
         """The machine CI runs on, made explicit: Linux x86_64, a CPU-only torch, no NVIDIA driver, no kernels.
@@ -308,6 +318,7 @@ class FakeHardware:
         self.no_nvml_library()
         self.mp.setattr(torch.version, "cuda", None)
         self.mp.setattr(torch.version, "hip", None)
+        self.torch_accelerator(None)
         self.mp.setattr(torch.cuda, "is_available", lambda: False)
         self.mp.setattr(torch.cuda, "device_count", lambda: 0)
         self.mp.setattr(torch.backends.mps, "is_built", lambda: False)

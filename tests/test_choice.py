@@ -13,6 +13,11 @@ from nbhw.core.hf import library_source
 from nbhw.core.hf.tiny_model import tiny_model_path
 from tests.fakes import FakeGpu, FakeHardware
 
+# accelerate >= 1.16 asks torch.accelerator for its device first (get_torch_accelerator_backend); older versions
+# test each backend in a chain. The tests below hold for the version installed.
+_IMPORTS = library_source.library_file("accelerate", "utils/imports.py")
+ACCELERATE_ASKS_TORCH = _IMPORTS is not None and "def get_torch_accelerator_backend(" in _IMPORTS.read_text()
+
 
 def picks() -> dict[str, str]:
     return {c.who: c.device for c in detect.detect().choices}
@@ -54,9 +59,48 @@ def test_orders_are_read_from_the_installed_libraries() -> None:
     ]
     assert trainer.steps[1].device == "xpu:0" and trainer.steps[-1].device == "ACCELERATE_TORCH_DEVICE"
     assert [s.probe for s in pipe.steps] == ["mlu", "musa", "cuda", "npu", "hpu", "xpu", "mps", "else"]
-    assert [s.device for s in auto.steps] == ["npu", "mlu", "sdaa", "musa", "xpu", "hpu", "cuda"]
-    assert [s.probe for s in acc.steps][:3] == ["mps", "mlu", "sdaa"]
-    assert "PartialState.default_device" in acc.source
+    assert "PartialState.default_device" in acc.source and "get_max_memory" in auto.source
+    if ACCELERATE_ASKS_TORCH:  # accelerate >= 1.16: torch's accelerator, then hpu, then neuron, else none
+        for order in (auto, acc):
+            assert [(s.probe, s.device) for s in order.steps] == [
+                ("accelerator", None), ("hpu", "hpu"), ("neuron", "neuron"), ("else", None)
+            ]  # fmt: skip
+            assert order.source.endswith("via accelerate/utils/imports.py:get_torch_accelerator_backend")
+        assert auto.one_device == ("tpu",) and acc.one_device == ()
+    else:  # accelerate <= 1.15: a chain of availability checks in each function
+        assert [s.device for s in auto.steps] == ["npu", "mlu", "sdaa", "musa", "xpu", "hpu", "cuda"]
+        assert [s.probe for s in acc.steps][:3] == ["mps", "mlu", "sdaa"]
+
+
+def test_a_pick_handed_to_torchs_accelerator_is_read_through_the_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """accelerate 1.16's shape: the function calls a helper that asks torch first, then checks one backend at a time."""
+    fake = tmp_path / "fakeacc"
+    (fake / "utils").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "utils" / "modeling.py").write_text(
+        "def get_max_memory(max_memory=None):\n"
+        "    device_type, module = get_torch_accelerator_backend()\n"
+        "    devices = list(range(module.device_count()))\n"
+        "    if device_type == 'tpu':\n        devices = [torch.accelerator.current_device_index()]\n"
+        "    return devices\n"
+    )
+    (fake / "utils" / "imports.py").write_text(
+        "def get_torch_accelerator_backend(check_available=True):\n"
+        "    try:\n        device = torch.accelerator.current_accelerator()\n"
+        "    except RuntimeError:\n        device = None\n"
+        "    if device is not None and is_available(device):\n        return device.type, torch.accelerator\n"
+        "    if is_neuron_available():\n        return 'neuron', torch.neuron\n"
+        "    if is_hpu_available():\n        return 'hpu', torch.hpu\n"
+        "    return None, None\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    order = library_source.read_order("fakeacc", "utils/modeling.py", "get_max_memory")
+    assert order is not None and order.one_device == ("tpu",)
+    assert [(s.probe, s.device) for s in order.steps] == [
+        ("accelerator", None), ("neuron", "neuron"), ("hpu", "hpu"), ("else", None)
+    ]  # fmt: skip
 
 
 def test_a_changed_library_order_changes_the_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -196,15 +240,58 @@ def test_accelerate_memory_probe_still_swaps_cpu_for_mps() -> None:
     assert source is not None and 'max_memory["mps"]' in source and 'max_memory["cpu"]' in source
 
 
-def test_neuron_and_tpu_get_the_explicit_device_map_note(fake_hw: FakeHardware) -> None:
-    fake_hw.tpu(count=8)
-    fake_hw.plugin("neuron", "torch_neuronx", FakeGpu(name="Trainium2"))
+def accelerate_device_type() -> str | None:
+    """accelerate's own answer on the faked hardware (>= 1.16), its kept availability answers forgotten first."""
+    from accelerate.utils import imports
+
+    for name in dir(imports):
+        clear = getattr(getattr(imports, name), "cache_clear", None)
+        if name.startswith("is_") and clear is not None:
+            clear()
+    device_type, _ = imports.get_torch_accelerator_backend()
+    return device_type
+
+
+@pytest.mark.skipif(ACCELERATE_ASKS_TORCH, reason="accelerate <= 1.15: its chains leave out tpu and neuron")
+@pytest.mark.parametrize("kind", ["tpu", "neuron"])
+def test_neuron_and_tpu_get_the_explicit_device_map_note(fake_hw: FakeHardware, kind: str) -> None:
+    if kind == "tpu":
+        fake_hw.tpu(count=8)
+    else:
+        fake_hw.plugin("neuron", "torch_neuronx", FakeGpu(name="Trainium2"))
     c = {x.who: x for x in detect.detect().choices}
     auto = c['from_pretrained(model, device_map="auto")']
-    assert auto.device == "cpu"
-    assert any('device_map="tpu"' in n for n in auto.notes) and any('device_map="neuron"' in n for n in auto.notes)
-    assert c["TrainingArguments(...).device"].device == "neuron:0"
-    assert any('device="tpu"' in n for n in c["pipeline(task, model=...)"].notes)
+    assert auto.device == "cpu" and any(f'device_map="{kind}"' in n for n in auto.notes)
+    assert c["TrainingArguments(...).device"].device == f"{kind}:0"
+    assert any(f'device="{kind}"' in n for n in c["pipeline(task, model=...)"].notes)
+
+
+@pytest.mark.skipif(not ACCELERATE_ASKS_TORCH, reason="accelerate >= 1.16 asks torch.accelerator first")
+def test_auto_budgets_torchs_accelerator_one_tpu_chip_and_every_neuron_core(fake_hw: FakeHardware) -> None:
+    fake_hw.tpu(count=8)
+    c = {x.who: x for x in detect.detect().choices}
+    auto = c['from_pretrained(model, device_map="auto")']
+    assert auto.device == "tpu:0, cpu" and accelerate_device_type() == "tpu"
+    assert any("budgets one tpu device" in n for n in auto.notes)
+    assert not any('device_map="tpu"' in n for n in auto.notes)
+    assert c["Accelerator().device"].device == "tpu" and "torch's accelerator" in c["Accelerator().device"].why
+    assert any('device="tpu"' in n for n in c["pipeline(task, model=...)"].notes)  # pipeline's own chain has no tpu
+
+
+@pytest.mark.skipif(not ACCELERATE_ASKS_TORCH, reason="accelerate >= 1.16 asks torch.accelerator first")
+def test_a_registered_plugin_is_torchs_accelerator_and_auto_fills_it(fake_hw: FakeHardware) -> None:
+    fake_hw.plugin("npu", "torch_npu", FakeGpu(name="Ascend 910B"), FakeGpu(name="Ascend 910B"))
+    c = {x.who: x.device for x in detect.detect().choices}
+    assert c['from_pretrained(model, device_map="auto")'] == "npu:0, npu:1, cpu"
+    assert c["Accelerator().device"] == "npu"
+
+
+@pytest.mark.skipif(not ACCELERATE_ASKS_TORCH, reason="accelerate >= 1.16 asks torch.accelerator first")
+def test_an_accelerator_without_a_device_falls_through_to_cpu_as_accelerate_does(fake_hw: FakeHardware) -> None:
+    fake_hw.xpu()  # an XPU build of torch, no Intel GPU
+    c = {x.who: x.device for x in detect.detect().choices}
+    assert c['from_pretrained(model, device_map="auto")'] == "cpu"
+    assert c["Accelerator().device"] == "cpu" and accelerate_device_type() is None
 
 
 def test_torch_default_device_changes_from_pretrained(monkeypatch: pytest.MonkeyPatch) -> None:

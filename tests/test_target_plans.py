@@ -16,7 +16,9 @@ import pytest
 
 import nbhw
 from nbhw.core.advice.status import Status
+from nbhw.core.hardware import who_picks
 from nbhw.core.hardware.targets import Accelerator, catalog, parse_target
+from nbhw.core.hf import library_source
 from nbhw.core.plan.placement import is_accelerator
 from nbhw.core.plan.run import framework_reserve
 from tests.dists import BITSANDBYTES
@@ -72,8 +74,10 @@ def _check_plan(a: Accelerator, plan: Any) -> None:
     placement, weights = plan.placement, plan.estimate.total_bytes
     assert placement is not None and "catalog" in placement.budget_source
     first = "mps" if a.device == "mps" else 0
-    explicit_only = a.backend in {"tpu", "neuron"}  # device_map="auto" doesn't budget them: the plan says so
-    if explicit_only:
+    # accelerate <= 1.15's device_map="auto" doesn't budget tpu or neuron (the plan says so); 1.16 budgets them.
+    order = library_source.auto_memory_order()
+    assert order is not None
+    if who_picks.left_out(parse_target(a.name).rows(), order):
         assert any(f"leaves the {a.name} unused" in p for p in plan.check()), a.key
         return
     assert placement.budget[first] == a.memory_bytes, (a.key, placement.budget)
@@ -123,13 +127,30 @@ def test_the_emitted_cell_uses_the_targets_device_strings(llama: str) -> None:
 
 
 def test_devices_accelerate_does_not_budget_are_checked_against_the_catalog(llama: str) -> None:
-    # device_map="tpu:0": accelerate's get_max_memory has no tpu, so the budget is the catalog's 16 GiB per chip.
+    # device_map="tpu:0": accelerate <= 1.15's get_max_memory has no tpu, so the budget is the catalog's 16 GiB per
+    # chip; 1.16 budgets the current chip, from the same catalog.
     plan = nbhw.plan(llama, target="TPU v5e", device_map="tpu:0", dtype="bfloat16", offline=True)
     assert plan.placement is not None and plan.placement.devices[0].budget == _entry("tpu-v5e").memory_bytes
     assert plan.placement.kind == "one_device"
     too_big = nbhw.plan(llama, target="TPU v5e", device_map="tpu:0", dtype="float32", offline=True)
     assert too_big.placement is not None and too_big.placement.kind == "too_big"
-    assert any("tpu:0 needs 29.9 GiB for the weights, 16.0 GiB on the TPU v5e" in p for p in too_big.check())
+    assert any(
+        "tpu:0 needs 29.9 GiB for the weights, 16.0 GiB " in p and "loading would run out of memory" in p
+        for p in too_big.check()
+    )
+
+
+def test_auto_on_several_tpu_chips_budgets_the_current_one_and_says_so(llama: str) -> None:
+    order = library_source.auto_memory_order()
+    assert order is not None
+    plan = nbhw.plan(llama, target="4x TPU v5e", dtype="bfloat16", offline=True)
+    assert plan.placement is not None
+    budgeted = [k for k in plan.placement.budget or {} if k != "cpu"]
+    if "tpu" in order.one_device:  # accelerate >= 1.16
+        assert budgeted == [0] and plan.placement.kind == "cpu_offload"
+        assert any("budgets one tpu device, the process's current one, not all 4" in n for n in plan.notes)
+    else:
+        assert budgeted == [] and any("leaves the TPU v5e unused" in p for p in plan.check())
 
 
 @pytest.mark.slow

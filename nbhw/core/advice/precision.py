@@ -140,12 +140,14 @@ def _other(info: DeviceInfo | None, device_type: str) -> tuple[str, str, str | N
 
 @lru_cache(maxsize=1)
 def distributed_backends() -> dict[str, str]:
-    """Device family -> torch.distributed backend, read from accelerate's ``PartialState._prepare_backend``."""
+    """Device family -> torch.distributed backend, read from accelerate: ``PartialState._prepare_backend``'s branches
+    (up to 1.15 one per family; from 1.16 only xla), and the ``TORCH_DISTRIBUTED_BACKENDS`` table it looks up."""
     path = library_source.library_file("accelerate", "state.py")
     source = library_source.function_source(path, "PartialState._prepare_backend") if path else None
     found: dict[str, str] = {}
     if source is None:
         return found
+    table = library_source.constant_mapping("accelerate", "utils/constants.py", "TORCH_DISTRIBUTED_BACKENDS")
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.If):
             probe = library_source._probe_of(node.test)
@@ -159,6 +161,9 @@ def distributed_backends() -> dict[str, str]:
                 ):
                     found.setdefault(probe, str(stmt.value.value))
                     break
+    if "get_distributed_backend(" in source:  # 1.16: the table, looked up by torch's accelerator
+        for family, backend in table.items():
+            found.setdefault(family, backend)
     return found
 
 

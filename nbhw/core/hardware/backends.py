@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from nbhw.core.hardware import probes
 from nbhw.core.hardware.data import BackendStatus, Probed
+from nbhw.core.hardware.presence import accelerator_type
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +177,7 @@ def status(backend: Backend) -> BackendStatus:
     if probes.torch_module() is None:
         row.reason, row.fix = "torch is not installed", "pip install torch"
         return row
+    row.torch_accelerator = backend.device == accelerator_type()
     try:
         probed = backend.probe()
     except Exception as exc:

@@ -40,6 +40,9 @@ class BackendStatus:
     devices: list[DeviceInfo] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     extra: bool = False
+    # torch.accelerator.current_accelerator() is this row's device type: the accelerator torch was built (or a
+    # plugin registered) for, which accelerate >= 1.16 asks first.
+    torch_accelerator: bool = False
 
 
 @dataclass

@@ -14,7 +14,10 @@ def accelerator_type() -> str | None:
     """The device type torch means by a bare index (0 -> cuda:0 on NVIDIA); no device is initialised."""
     import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
 
-    current = torch.accelerator.current_accelerator()
+    try:
+        current = torch.accelerator.current_accelerator()
+    except RuntimeError:  # torch 2.6 raises on a CPU-only build where later versions return None
+        return None
     return None if current is None else str(current.type)
 
 

@@ -311,7 +311,7 @@ class Target:
         return [
             BackendStatus("cpu", by_key["cpu"].hardware, "cpu", "torch", True, None, True, devices=[cpu]),
             BackendStatus(a.backend, by_key[a.backend].hardware, a.device, by_key[a.backend].package, True, None,
-                          True, devices=self.devices(), notes=[note]),
+                          True, devices=self.devices(), notes=[note], torch_accelerator=True),
         ]  # fmt: skip
 
     def device(self) -> TargetDevice:

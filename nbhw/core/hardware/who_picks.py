@@ -14,7 +14,9 @@ from nbhw.core.hardware.data import BackendStatus, Choice
 from nbhw.core.hf import library_source
 from nbhw.core.hf.library_source import Order
 
-# Backends that device_map="auto" never places on: their device string must be passed explicitly.
+# Backends a device_map="auto" chain of availability checks (accelerate < 1.16) may leave out: their device string
+# must then be passed explicitly. accelerate >= 1.16 budgets whatever torch's accelerator is (its order has an
+# 'accelerator' step), so none is left out there.
 EXPLICIT_ONLY = ("neuron", "tpu")
 
 
@@ -25,6 +27,21 @@ def _usable(rows: list[BackendStatus]) -> dict[str, BackendStatus]:
         if row.usable:
             found.setdefault(row.device, row)
     return found
+
+
+def torch_accelerator(rows: list[BackendStatus]) -> str | None:
+    """The device type ``torch.accelerator.current_accelerator()`` names here (the rows mark it); None: CPU build."""
+    return next((row.device for row in rows if row.torch_accelerator), None)
+
+
+def left_out(rows: list[BackendStatus], order: Order) -> list[str]:
+    """Usable backends that ``order`` never picks: device_map="auto" (or a default) won't place on them."""
+    if any(s.probe == library_source.ACCELERATOR for s in order.steps) and torch_accelerator(rows):
+        reached = {torch_accelerator(rows)}
+    else:
+        reached = set()
+    reached |= {s.probe for s in order.steps} | {s.device for s in order.steps if s.device}
+    return [key for key in EXPLICIT_ONLY if key in _usable(rows) and key not in reached]
 
 
 def _unread(who: str, what: str) -> Choice:
@@ -51,15 +68,47 @@ def from_pretrained_default() -> Choice:
     )
 
 
+def _pick(rows: list[BackendStatus], order: Order) -> tuple[str | None, str]:
+    """The first step of ``order`` that is usable here: (its device, or None for none; why)."""
+    usable = _usable(rows)
+    for step in order.steps:
+        if step.probe == library_source.ENV:
+            value = os.environ.get(step.device or "", step.default or "cpu")
+            return value, f"no accelerator found, so {step.device} or its default {step.default!r}"
+        if step.probe == library_source.ELSE:
+            return step.device, "no accelerator in its list is usable here"
+        if step.probe == library_source.ACCELERATOR:
+            kind = torch_accelerator(rows)
+            if kind in usable:
+                return kind, f"{usable[kind].hardware} is torch's accelerator (torch.accelerator) and is usable"
+            continue
+        if step.probe in usable:
+            device = (step.device or step.probe).replace("{index}", "0")
+            return device, f"{usable[step.probe].hardware} is the first usable backend in its order"
+    return None, "no accelerator in its list is usable here"
+
+
 def auto_devices(rows: list[BackendStatus], order: Order) -> list[str]:
     """What accelerate's get_max_memory budgets for device_map="auto", in its order: accelerators, then mps/cpu."""
     usable = _usable(rows)
-    picked: list[str] = []
-    family = next((s.device for s in order.steps if s.device and (s.probe in usable or s.probe == "else")), None)
-    if family and family in usable:
-        picked = [d.device for d in usable[family].devices]
+    family, _ = _pick(rows, order)
+    picked = [d.device for d in usable[family].devices] if family in usable and family != "mps" else []
+    if family in order.one_device:
+        picked = picked[:1]  # accelerate budgets only the process's current device of these
     # get_max_memory: MPS shares host RAM, so it replaces the CPU budget rather than adding to it.
     return [*picked, "mps" if "mps" in usable else "cpu"]
+
+
+def one_device_notes(rows: list[BackendStatus], order: Order) -> list[str]:
+    """When accelerate budgets only the process's current device of the family here (one TPU chip of several)."""
+    family, usable = _pick(rows, order)[0], _usable(rows)
+    if family not in order.one_device or family not in usable or len(usable[family].devices) < 2:
+        return []
+    n = len(usable[family].devices)
+    return [
+        f"device_map=\"auto\" budgets one {family} device, the process's current one, not all {n}: accelerate's "
+        f"get_max_memory counts one {family} device per process (run one process per device to use them all)"
+    ]
 
 
 def device_map_auto(rows: list[BackendStatus], order: Order | None) -> Choice:
@@ -70,9 +119,9 @@ def device_map_auto(rows: list[BackendStatus], order: Order | None) -> Choice:
     usable = _usable(rows)
     picked = auto_devices(rows, order)
     notes = []
-    for key in EXPLICIT_ONLY:
-        if key in usable:
-            notes.append(f'{usable[key].hardware}: "auto" does not place on {key}; pass device_map="{key}" explicitly')
+    for key in left_out(rows, order):
+        notes.append(f'{usable[key].hardware}: "auto" does not place on {key}; pass device_map="{key}" explicitly')
+    notes += one_device_notes(rows, order)
     if len(picked) > 1:
         why = f"accelerate fills {', '.join(picked[:-1])} in turn, then spills to {picked[-1]}"
     else:
@@ -80,17 +129,9 @@ def device_map_auto(rows: list[BackendStatus], order: Order | None) -> Choice:
     return Choice(who, ", ".join(picked), why, notes, order.source)
 
 
-def _first_usable(order: Order, usable: dict[str, BackendStatus]) -> tuple[str, str]:
-    for step in order.steps:
-        if step.probe == "env":
-            value = os.environ.get(step.device or "", step.default or "cpu")
-            return value, f"no accelerator found, so {step.device} or its default {step.default!r}"
-        if step.probe == "else":
-            return step.device or "cpu", "no accelerator in its list is usable here"
-        if step.probe in usable:
-            device = (step.device or step.probe).replace("{index}", "0")
-            return device, f"{usable[step.probe].hardware} is the first usable backend in its order"
-    return "cpu", "no accelerator in its list is usable here"
+def _first_usable(rows: list[BackendStatus], order: Order) -> tuple[str, str]:
+    device, why = _pick(rows, order)
+    return device or "cpu", why
 
 
 def trainer(rows: list[BackendStatus], order: Order | None) -> Choice:
@@ -99,7 +140,7 @@ def trainer(rows: list[BackendStatus], order: Order | None) -> Choice:
     if order is None:
         return _unread(who, "TrainingArguments._setup_devices")
     usable = _usable(rows)
-    device, why = _first_usable(order, usable)
+    device, why = _first_usable(rows, order)
     notes = ["use_cpu=True forces cpu"]
     if "cuda" in usable and len(usable["cuda"].devices) > 1 and device.startswith("cuda"):
         n = len(usable["cuda"].devices)
@@ -119,10 +160,9 @@ def pipeline(rows: list[BackendStatus], order: Order | None) -> Choice:
     who = "pipeline(task, model=...)"
     if order is None:
         return _unread(who, "Pipeline.__init__")
-    device, why = _first_usable(order, _usable(rows))
+    device, why = _first_usable(rows, order)
     notes = ["a model loaded with device_map keeps its placement; pipeline() then uses its first device"]
-    missing = [k for k in EXPLICIT_ONLY if k in _usable(rows) and all(s.probe != k for s in order.steps)]
-    notes += [f'pipeline() never picks {k} by itself; pass device="{k}"' for k in missing]
+    notes += [f'pipeline() never picks {k} by itself; pass device="{k}"' for k in left_out(rows, order)]
     return Choice(who, device, why, notes, order.source)
 
 
@@ -134,7 +174,7 @@ def accelerator(rows: list[BackendStatus], order: Order | None) -> Choice:
     env = os.environ.get("ACCELERATE_TORCH_DEVICE")
     if env:
         return Choice(who, env, "ACCELERATE_TORCH_DEVICE is set and wins")
-    device, why = _first_usable(order, _usable(rows))
+    device, why = _first_usable(rows, order)
     return Choice(who, device, why, source=order.source)
 
 

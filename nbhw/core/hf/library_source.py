@@ -22,8 +22,9 @@ from pathlib import Path
 class Step:
     """One branch of an availability chain: the backend it tests and the device string it picks.
 
-    ``probe`` is a backend key ('xpu', 'cuda', ...), 'else' for the final branch, or 'env' for an environment
-    variable fallback, whose name is ``device`` and default ``default``.
+    ``probe`` is a backend key ('xpu', 'cuda', ...), 'else' for the final branch, 'env' for an environment
+    variable fallback, whose name is ``device`` and default ``default``, or 'accelerator' for torch's own
+    accelerator (``torch.accelerator.current_accelerator()``, the build's device type) when its check passes.
     """
 
     probe: str
@@ -37,6 +38,13 @@ class Order:
 
     source: str
     steps: tuple[Step, ...]
+    one_device: tuple[str, ...] = ()  # device types the function budgets one device of (the current one)
+
+
+ELSE, ENV, ACCELERATOR = "else", "env", "accelerator"
+# Functions a decision is delegated to (accelerate >= 1.16 asks torch for its accelerator in one place), by the file
+# of the same package that defines them.
+DELEGATES = {"get_torch_accelerator_backend": "utils/imports.py"}
 
 
 def library_file(package: str, relative: str) -> Path | None:
@@ -175,6 +183,69 @@ def chains(source: str) -> list[list[Step]]:
     return found
 
 
+def _current_accelerator(node: ast.AST) -> bool:
+    return any(
+        isinstance(n, ast.Call) and ast.unparse(n.func) == "torch.accelerator.current_accelerator"
+        for n in ast.walk(node)
+    )
+
+
+def _returned(body: list[ast.stmt]) -> tuple[bool, str | None]:
+    """(whether ``body`` returns, the device it returns): ``return "hpu", torch.hpu`` -> (True, "hpu")."""
+    for stmt in body:
+        if isinstance(stmt, ast.Return):
+            value = stmt.value.elts[0] if isinstance(stmt.value, ast.Tuple) and stmt.value.elts else stmt.value
+            return True, _literal(value) if value is not None else None
+    return False, None
+
+
+def sequence(source: str) -> list[Step]:
+    """A function that returns its pick step by step: torch's accelerator when its check passes, then each
+    ``if is_x_available(): return "x", ...``, then the final ``return`` ('else'; device None: no accelerator)."""
+    tree = ast.parse(source)
+    function = tree.body[0] if tree.body and isinstance(tree.body[0], ast.FunctionDef) else None
+    if function is None:
+        return []
+    steps: list[Step] = []
+    for stmt in function.body:
+        if isinstance(stmt, ast.If) and (probe := _probe_of(stmt.test)) is not None:
+            returns, device = _returned(stmt.body)
+            if returns:
+                steps.append(Step(probe, device))
+        elif isinstance(stmt, ast.Return):
+            steps.append(Step(ELSE, _returned([stmt])[1]))
+            break
+        elif _current_accelerator(stmt) and not any(s.probe == ACCELERATOR for s in steps):
+            steps.append(Step(ACCELERATOR, None))
+    return steps if any(s.probe == ACCELERATOR for s in steps) else []
+
+
+def _one_device(source: str) -> tuple[str, ...]:
+    """``if device_type == "tpu": devices = [one]``: the device types budgeted one device of."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and node.test.comparators):
+            continue
+        kind = _literal(node.test.comparators[0])
+        for stmt in node.body:
+            if kind and isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.List) and len(stmt.value.elts) == 1:
+                found.append(kind)
+    return tuple(found)
+
+
+def _delegated(package: str, source: str) -> tuple[str, list[Step]] | None:
+    """The steps of the function ``source`` hands its pick to (``DELEGATES``), read from that function's file."""
+    calls = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)]
+    called = {n.func.id for n in calls if isinstance(n.func, ast.Name)}
+    for name, relative in DELEGATES.items():
+        path = library_file(package, relative) if name in called else None
+        inner = function_source(path, name) if path is not None else None
+        steps = sequence(inner) if inner is not None else []
+        if steps:
+            return f"{package}/{relative}:{name}", steps
+    return None
+
+
 @lru_cache(maxsize=16)
 def _read_order(package: str, relative: str, qualname: str, mtime: float) -> Order | None:
     path = library_file(package, relative)
@@ -184,10 +255,32 @@ def _read_order(package: str, relative: str, qualname: str, mtime: float) -> Ord
     if source is None:
         return None
     found = chains(source)
-    if not found:
+    if found:
+        longest = max(found, key=len)
+        return Order(source=f"{package}/{relative}:{qualname}", steps=tuple(longest))
+    delegated = _delegated(package, source)
+    if delegated is None:
         return None
-    longest = max(found, key=len)
-    return Order(source=f"{package}/{relative}:{qualname}", steps=tuple(longest))
+    where, steps = delegated
+    return Order(f"{package}/{relative}:{qualname} via {where}", tuple(steps), _one_device(source))
+
+
+def constant_mapping(package: str, relative: str, name: str) -> dict[str, str]:
+    """A module-level ``NAME = {"key": "value", ...}`` of string literals in ``package/relative``; {} when absent."""
+    path = library_file(package, relative)
+    if path is None:
+        return {}
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    for node in tree.body:
+        if not isinstance(node, ast.Assign):
+            continue
+        if any(isinstance(t, ast.Name) and t.id == name for t in node.targets) and isinstance(node.value, ast.Dict):
+            pairs = zip(node.value.keys, node.value.values, strict=True)
+            return {k: v for key, value in pairs if (k := _literal(key) if key else None) and (v := _literal(value))}
+    return {}
 
 
 def read_order(package: str, relative: str, qualname: str) -> Order | None:

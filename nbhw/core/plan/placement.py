@@ -108,6 +108,12 @@ class Placement:
         }
 
 
+UNREAD_ORDER = (
+    "could not read which devices accelerate's get_max_memory budgets from the installed accelerate: only the CPU "
+    "is budgeted here; pass max_memory to name the accelerators"
+)
+
+
 def live_memory(rows: list[BackendStatus] | None = None) -> LiveMemory:
     """Free memory per device that device_map="auto" would fill here, from nbhw's probes (NVML for NVIDIA)."""
     rows = backends.probe_all() if rows is None else rows
@@ -117,6 +123,10 @@ def live_memory(rows: list[BackendStatus] | None = None) -> LiveMemory:
     cpu = devices.get("cpu")
     memory: dict[int | str, int] = {}
     notes: list[str] = []
+    if order is None:
+        notes.append(UNREAD_ORDER)
+    else:
+        notes += who_picks.one_device_notes(rows, order)
     accelerator = None
     for name in picked:
         info = cpu if name == "mps" else devices.get(name)  # accelerate budgets mps with host RAM
