@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from nbhw.core.hardware import nvml, probes
+from nbhw.core.hardware import nvml, presence, probes
 
 GIB = 1024**3
 
@@ -299,15 +299,18 @@ class FakeHardware:
             self.mp.setitem(sys.modules, "torch_tpu", None)
             return
         self.mp.setitem(sys.modules, "torch_tpu", fake_module("torch_tpu"))
+        tpu = types.SimpleNamespace(type="tpu")  # the plugin is registered: torch itself names it
+        self.mp.setattr(torch.accelerator, "current_accelerator", lambda check_available=False: tpu)
         self.torch_accelerator("tpu")
         self.mp.setattr(torch.accelerator, "is_available", lambda: count > 0)
         self.mp.setattr(torch.accelerator, "device_count", lambda: count)
         self.mp.setattr(torch.accelerator, "get_memory_info", lambda i=None: (30 * GIB, 32 * GIB))
 
     def torch_accelerator(self, kind: str | None) -> None:
-        """What torch.accelerator.current_accelerator() names: the build's device type, or a registered plugin's."""
-        current = None if kind is None else types.SimpleNamespace(type=kind)
-        self.mp.setattr(torch.accelerator, "current_accelerator", lambda check_available=False: current)
+        """The device type nbhw reads as torch's accelerator (torch.accelerator.current_accelerator(): the build's,
+        or a registered plugin's), faked at nbhw's probe: torch itself is left as the CPU build it is, so
+        transformers, which asks torch, still runs as on this machine (as a GPU's fakes leave torch.cuda)."""
+        self.mp.setattr(presence, "accelerator_type", lambda: kind)
 
     def linux_cpu_machine(self, *, native_bf16: bool = True) -> None:
         """The machine CI runs on, made explicit: Linux x86_64, a CPU-only torch, no NVIDIA driver, no kernels.

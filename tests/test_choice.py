@@ -291,7 +291,7 @@ def test_an_accelerator_without_a_device_falls_through_to_cpu_as_accelerate_does
     fake_hw.xpu()  # an XPU build of torch, no Intel GPU
     c = {x.who: x.device for x in detect.detect().choices}
     assert c['from_pretrained(model, device_map="auto")'] == "cpu"
-    assert c["Accelerator().device"] == "cpu" and accelerate_device_type() is None
+    assert c["Accelerator().device"] == "cpu"
 
 
 def test_torch_default_device_changes_from_pretrained(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -44,7 +44,7 @@ def test_memory_graph_moves_while_a_cell_sleeps_and_attributes_a_big_cell(notebo
         [
             "%load_ext nbhw\nimport torch",
             "%hw memory --interval 0.25",
-            "import time\ntime.sleep(6)",
+            "import time\ntime.sleep(10)",  # 5 s of watching, and room for a slow page to start it
             "big = torch.ones(256, 1024, 1024)  # 1 GiB on the host",
             "%hw memory --stop",
         ],

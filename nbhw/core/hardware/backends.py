@@ -13,9 +13,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from nbhw.core.hardware import probes
+from nbhw.core.hardware import presence, probes
 from nbhw.core.hardware.data import BackendStatus, Probed
-from nbhw.core.hardware.presence import accelerator_type
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +176,7 @@ def status(backend: Backend) -> BackendStatus:
     if probes.torch_module() is None:
         row.reason, row.fix = "torch is not installed", "pip install torch"
         return row
-    row.torch_accelerator = backend.device == accelerator_type()
+    row.torch_accelerator = backend.device == presence.accelerator_type()
     try:
         probed = backend.probe()
     except Exception as exc:

@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nbhw.core import render
-from nbhw.core.hardware import backends, who_picks
+from nbhw.core.hardware import backends, presence, who_picks
 from nbhw.core.hardware.data import BackendStatus
-from nbhw.core.hardware.presence import accelerator_type
 from nbhw.core.hf import library_source, meta_build
 from nbhw.core.plan.arguments import DISK, PlanArgs, strategy_names
 
@@ -279,7 +278,7 @@ def place(
     """The placement ``args`` give ``model`` (meta device, target dtype) here or on the budget the user named."""
     user_budget = args.max_memory_bytes
     live_budget = None if user_budget is not None else live
-    accelerator = (live.accelerator if live is not None else None) or accelerator_type()
+    accelerator = (live.accelerator if live is not None else None) or presence.accelerator_type()
     strategy = args.device_map if isinstance(args.device_map, str) and args.device_map in strategy_names() else None
     budget = user_budget if user_budget is not None else (live.max_memory if live is not None else None)
     source = (
