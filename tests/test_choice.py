@@ -39,6 +39,15 @@ def _fresh_trainer_device(tmp_path: Path) -> torch.device:
     return device
 
 
+def fake_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, files: dict[str, str]) -> None:
+    """An importable package ``name`` on sys.path with these files (its source is what library_source reads)."""
+    for relative, text in {"__init__.py": "", **files}.items():
+        path = tmp_path / name / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
 def test_orders_are_read_from_the_installed_libraries() -> None:
     trainer = library_source.trainer_order()
     pipe = library_source.pipeline_order()
@@ -76,26 +85,22 @@ def test_a_pick_handed_to_torchs_accelerator_is_read_through_the_call(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """accelerate 1.16's shape: the function calls a helper that asks torch first, then checks one backend at a time."""
-    fake = tmp_path / "fakeacc"
-    (fake / "utils").mkdir(parents=True)
-    (fake / "__init__.py").write_text("")
-    (fake / "utils" / "modeling.py").write_text(
+    fake_package(tmp_path, monkeypatch, "fakeacc", {
+        "utils/modeling.py":
         "def get_max_memory(max_memory=None):\n"
         "    device_type, module = get_torch_accelerator_backend()\n"
         "    devices = list(range(module.device_count()))\n"
         "    if device_type == 'tpu':\n        devices = [torch.accelerator.current_device_index()]\n"
-        "    return devices\n"
-    )
-    (fake / "utils" / "imports.py").write_text(
+        "    return devices\n",
+        "utils/imports.py":
         "def get_torch_accelerator_backend(check_available=True):\n"
         "    try:\n        device = torch.accelerator.current_accelerator()\n"
         "    except RuntimeError:\n        device = None\n"
         "    if device is not None and is_available(device):\n        return device.type, torch.accelerator\n"
         "    if is_neuron_available():\n        return 'neuron', torch.neuron\n"
         "    if is_hpu_available():\n        return 'hpu', torch.hpu\n"
-        "    return None, None\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
+        "    return None, None\n",
+    })  # fmt: skip
     order = library_source.read_order("fakeacc", "utils/modeling.py", "get_max_memory")
     assert order is not None and order.one_device == ("tpu",)
     assert [(s.probe, s.device) for s in order.steps] == [
@@ -104,19 +109,16 @@ def test_a_pick_handed_to_torchs_accelerator_is_read_through_the_call(
 
 
 def test_a_changed_library_order_changes_the_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = tmp_path / "fakelib"
-    fake.mkdir()
-    (fake / "__init__.py").write_text("")
-    (fake / "training_args.py").write_text(
+    fake_package(tmp_path, monkeypatch, "fakelib", {
+        "training_args.py":
         "class TrainingArguments:\n"
         "    def _setup_devices(self):\n"
         "        if self.use_cpu:\n            device = torch.device('cpu')\n"
         "        elif is_torch_cuda_available():\n            device = torch.device('cuda:0')\n"
         "        elif is_torch_xpu_available():\n            device = torch.device('xpu:0')\n"
         "        else:\n            device = torch.device('cpu')\n"
-        "        return device\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
+        "        return device\n",
+    })  # fmt: skip
     order = library_source.read_order("fakelib", "training_args.py", "TrainingArguments._setup_devices")
     assert order is not None
     assert [(s.probe, s.device) for s in order.steps] == [("cuda", "cuda:0"), ("xpu", "xpu:0"), ("else", "cpu")]

@@ -147,7 +147,6 @@ def distributed_backends() -> dict[str, str]:
     found: dict[str, str] = {}
     if source is None:
         return found
-    table = library_source.constant_mapping("accelerate", "utils/constants.py", "TORCH_DISTRIBUTED_BACKENDS")
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.If):
             probe = library_source._probe_of(node.test)
@@ -162,6 +161,7 @@ def distributed_backends() -> dict[str, str]:
                     found.setdefault(probe, str(stmt.value.value))
                     break
     if "get_distributed_backend(" in source:  # 1.16: the table, looked up by torch's accelerator
+        table = library_source.constant_mapping("accelerate", "utils/constants.py", "TORCH_DISTRIBUTED_BACKENDS")
         for family, backend in table.items():
             found.setdefault(family, backend)
     return found

@@ -36,11 +36,10 @@ def torch_accelerator(rows: list[BackendStatus]) -> str | None:
 
 def left_out(rows: list[BackendStatus], order: Order) -> list[str]:
     """Usable backends that ``order`` never picks: device_map="auto" (or a default) won't place on them."""
-    if any(s.probe == library_source.ACCELERATOR for s in order.steps) and torch_accelerator(rows):
-        reached = {torch_accelerator(rows)}
-    else:
-        reached = set()
-    reached |= {s.probe for s in order.steps} | {s.device for s in order.steps if s.device}
+    reached = {s.probe for s in order.steps} | {s.device for s in order.steps if s.device}
+    kind = torch_accelerator(rows)
+    if kind and library_source.ACCELERATOR in reached:  # whatever torch's accelerator is, the order reaches it
+        reached.add(kind)
     return [key for key in EXPLICIT_ONLY if key in _usable(rows) and key not in reached]
 
 
