@@ -171,6 +171,9 @@ def _add(p: argparse.ArgumentParser, a: Argument) -> None:
         p.add_argument(a.name, nargs="*" if a.kind == "words" else "?", help=_help(a.help))
     elif a.kind == "switch":
         p.add_argument(*a.options, dest=a.name, action="store_true", help=_help(a.help))
+    elif a.kind == "toggle":
+        p.add_argument(*a.options, dest=a.name, action="store_true", default=None, help=_help(a.help))
+        p.add_argument(*a.negations, dest=a.name, action="store_false", default=None, help=argparse.SUPPRESS)
     else:
         nargs = "+" if a.kind == "words" else None
         p.add_argument(
@@ -263,6 +266,8 @@ def values(args: argparse.Namespace, declared: Sequence[Argument]) -> dict[str, 
 def _usage(a: Argument) -> str:
     if a.positional:
         return f"[{a.name.upper()}{' ...' if a.kind == 'words' else ''}]"
+    if a.kind == "toggle":
+        return f"[{a.option} | {a.negations[0]}]"
     value = "" if a.kind == "switch" else f" {a.metavar or '{' + ','.join(a.choices or ()) + '}'}"
     return f"[{a.option}{value}{' ...' if a.kind == 'words' else ''}]"
 
@@ -270,6 +275,8 @@ def _usage(a: Argument) -> str:
 def _words(a: Argument) -> str:
     if a.positional:
         return a.name.upper()
+    if a.kind == "toggle":
+        return ", ".join((*a.options, *a.negations))
     return ", ".join(a.options) + ("" if a.kind == "switch" else f" {a.metavar or a.name.upper()}")
 
 

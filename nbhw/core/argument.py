@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from nbhw.core.errors import UserError
 
-Kind = Literal["word", "words", "switch"]
+# "toggle": a switch that can also be turned off (--kernels / --no-kernels); not given, it stays None (the default).
+Kind = Literal["word", "words", "switch", "toggle"]
 Control = Literal["dropdown", "checkbox", "text", "sizes"]
 METADATA = "nbhw.argument"
 
@@ -57,6 +58,11 @@ class Argument:
     def options(self) -> tuple[str, ...]:
         """The option and its aliases (older words that keep working)."""
         return (self.option, *self.aliases)
+
+    @property
+    def negations(self) -> tuple[str, ...]:
+        """A toggle's options that turn it off (``--no-kernels``); none for other kinds."""
+        return tuple("--no-" + o.removeprefix("--") for o in self.options) if self.kind == "toggle" else ()
 
     def value(self, given: Any) -> Any:
         """The checked value of what a user gave, as a word (``"32k"``) or as a Python value (``32768``)."""

@@ -56,6 +56,7 @@ class KernelsAdvice:
 
     use_kernels: bool
     reason: str
+    default: kernel_tables.KernelsDefault  # what from_pretrained does when the call leaves use_kernels out
     fix: str | None
     device_key: str
     kernel_config_keys: list[str]
@@ -180,7 +181,8 @@ def _kernels_advice(env: Env, example_model: str) -> KernelsAdvice:
         usable = "kernels is usable" if env.kernels_ok else "with kernels installed there"
         ok, why = True, f"{usable}; the default mapping swaps {len(layers)} layer kinds on {t.device_type}"
     return KernelsAdvice(
-        ok, why, fix, t.device_type, keys, layers, model_layers, mapping.source, mapping.problem,
+        ok, why, kernel_tables.kernels_default(), fix, t.device_type, keys, layers, model_layers, mapping.source,
+        mapping.problem,
         _kernel_example(t.device_type, keys, layers, model_layers, example_model),
     )  # fmt: skip
 
@@ -243,7 +245,18 @@ def _silent(env: Env, adv_default: DefaultAttention) -> list[str]:
         f"flash_attention_N without its package, but with kernels>={low},<{high}, silently downloads a Hub "
         f"kernel at load ({fallbacks}); {here}",
         f"Hub kernels outside {kernel_tables.TRUSTED_ORG}/ load only with from_pretrained(..., allow_all_kernels=True)",
+        *_kernels_default_line(),
     ]
+
+
+def _kernels_default_line() -> list[str]:
+    default = kernel_tables.kernels_default()
+    if default.value is None:
+        return [f"what from_pretrained does without use_kernels is unknown: {default.why}"]
+    if not default.value:
+        return []
+    return [f"from_pretrained without use_kernels swaps layers for Hub kernels ({default.why}; on a GPU it downloads "
+            "them): pass use_kernels=False or set USE_HUB_KERNELS=0 to keep each layer's own code"]  # fmt: skip
 
 
 def advise(model: str | None = None, *, offline: bool = False, **arguments: Any) -> AttentionAdvice:
@@ -368,6 +381,8 @@ def _reference_line(a: AttentionAdvice) -> str | None:
 def _kernel_lines(a: AttentionAdvice) -> list[str]:
     k = a.kernels
     lines = [f"use_kernels=True: {'can work' if k.use_kernels else 'will not work'} here — {k.reason}"]
+    said = "unknown" if k.default.value is None else str(k.default.value)
+    lines.append(f"  left out of from_pretrained: use_kernels={said} — {k.default.why}")
     if k.fix:
         lines.append(f"  fix: {k.fix}")
     if k.problem:

@@ -14,9 +14,10 @@ import re
 import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
-from nbhw.core.hf.library_source import library_file
+from nbhw.core.hf.library_source import function_source, library_file
 
 # The kernels package trusts this Hub org without allow_all_kernels=True (transformers' docs and the comments
 # around hub_kernels.ALLOW_ALL_KERNELS); the check itself lives in `kernels`, which may not be installed.
@@ -228,12 +229,131 @@ def model_kernel_layers(model_class: Any) -> list[str]:
     return sorted(set(_MARKS.findall(text)))
 
 
+def swapped_layers(model_class: Any, device_type: str) -> list[str]:
+    """The layers of ``model_class`` that the default mapping has a kernel for on ``device_type``."""
+    marked = set(model_kernel_layers(model_class))
+    return sorted({e.layer for e in default_mapping().for_device(device_type) if e.layer in marked and e.repos})
+
+
 def hub_kernels_enabled() -> tuple[bool, str]:
-    """transformers' USE_HUB_KERNELS switch as it read it at import, and the value it read."""
+    """transformers' USE_HUB_KERNELS switch as ``from_pretrained`` reads it now, and the value it reads."""
     from transformers.integrations import hub_kernels  # lazy: import nbhw and %load_ext nbhw stay free of transformers
 
-    # lazy: import nbhw and %load_ext nbhw stay free of transformers
-    from transformers.utils import ENV_VARS_TRUE_VALUES
+    switch = getattr(hub_kernels, "_kernels_enabled", True)
+    if callable(switch):  # transformers >= 5.25 reads the variable at each load
+        return bool(switch()), os.environ.get("USE_HUB_KERNELS", "YES")
+    # Before 5.25 transformers read it once, at import.
+    return bool(switch), str(getattr(hub_kernels, "_TRANSFORMERS_USE_HUB_KERNELS", "YES"))
 
-    value = str(getattr(hub_kernels, "_TRANSFORMERS_USE_HUB_KERNELS", "YES"))
-    return value.upper() in ENV_VARS_TRUE_VALUES, value
+
+# ---------------------------------------------------------------- what use_kernels=None means
+
+
+MODELING_FILE = "modeling_utils.py"
+FROM_PRETRAINED = "PreTrainedModel.from_pretrained"
+
+
+@dataclass(frozen=True)
+class KernelsDefault:
+    """What ``from_pretrained`` does with ``use_kernels`` when the call doesn't pass it.
+
+    ``value`` is None when nbhw could not read it from the installed transformers (``why`` says what it found).
+    ``gated``: the default is on unless the USE_HUB_KERNELS switch turns Hub kernels off.
+    """
+
+    value: bool | None
+    why: str
+    gated: bool = False
+
+
+def _is_name(node: ast.AST, name: str) -> bool:
+    return isinstance(node, ast.Name) and node.id == name
+
+
+def _popped_default(tree: ast.AST) -> tuple[bool, Any]:
+    """(found, default) of ``use_kernels = kwargs.pop("use_kernels", DEFAULT)``."""
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Assign) and any(_is_name(t, "use_kernels") for t in node.targets)):
+            continue
+        call = node.value
+        if isinstance(call, ast.Call) and _call_name(call).endswith(".pop") and len(call.args) == 2:
+            first, second = call.args
+            if isinstance(first, ast.Constant) and first.value == "use_kernels" and isinstance(second, ast.Constant):
+                return True, second.value
+    return False, None
+
+
+def _none_becomes(tree: ast.AST) -> tuple[bool, Any]:
+    """(found, value) of ``if use_kernels is None: use_kernels = VALUE`` (an ``elif`` too)."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.If):
+            continue
+        test = node.test
+        is_none = (
+            isinstance(test, ast.Compare) and _is_name(test.left, "use_kernels") and len(test.ops) == 1
+            and isinstance(test.ops[0], ast.Is) and isinstance(test.comparators[0], ast.Constant)
+            and test.comparators[0].value is None
+        )  # fmt: skip
+        if not is_none:
+            continue
+        for stmt in node.body:
+            if (
+                isinstance(stmt, ast.Assign) and any(_is_name(t, "use_kernels") for t in stmt.targets)
+                and isinstance(stmt.value, ast.Constant)
+            ):  # fmt: skip
+                return True, stmt.value.value
+        return True, ...  # a branch for None whose outcome isn't a constant
+    return False, None
+
+
+def _gated(tree: ast.AST) -> bool:
+    """Whether the load asks ``_kernels_enabled()`` (the USE_HUB_KERNELS switch) before it decides."""
+    return any(isinstance(n, ast.Call) and _call_name(n).split(".")[-1] == "_kernels_enabled" for n in ast.walk(tree))
+
+
+def kernels_default_in(source: str) -> KernelsDefault:
+    """``use_kernels``' default, read from the source of ``from_pretrained``; unknown where the shape is new."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        return KernelsDefault(None, f"from_pretrained's source could not be parsed: {exc}")
+    found, popped = _popped_default(tree)
+    if not found:
+        return KernelsDefault(None, "from_pretrained no longer pops use_kernels from its keywords as nbhw knows")
+    branch, becomes = _none_becomes(tree)
+    if popped is None and branch and isinstance(becomes, bool):
+        gated = _gated(tree)
+        switch = " unless the USE_HUB_KERNELS environment variable turns Hub kernels off" if gated else ""
+        return KernelsDefault(becomes, f"from_pretrained turns use_kernels=None into {becomes}{switch}", gated)
+    if isinstance(popped, bool) and not branch:
+        return KernelsDefault(popped, f"from_pretrained's default is use_kernels={popped}")
+    return KernelsDefault(None, f"from_pretrained's use_kernels default is {popped!r}, then decided in a way nbhw "
+                                "can't read")  # fmt: skip
+
+
+@lru_cache(maxsize=4)
+def _read_kernels_default(path: str, mtime: float) -> KernelsDefault:
+    source = function_source(Path(path), FROM_PRETRAINED)
+    if source is None:
+        return KernelsDefault(None, f"{FROM_PRETRAINED} was not found in transformers' {MODELING_FILE}")
+    return kernels_default_in(source)
+
+
+def kernels_default() -> KernelsDefault:
+    """What the installed transformers' ``from_pretrained`` does when ``use_kernels`` is not passed, here and now.
+
+    Read from its source (never executed); the USE_HUB_KERNELS switch is read as transformers reads it.
+    """
+    path = library_file("transformers", MODELING_FILE)
+    if path is None:
+        return KernelsDefault(None, f"transformers' {MODELING_FILE} was not found")
+    try:
+        found = _read_kernels_default(str(path), os.path.getmtime(path))
+    except (OSError, UnicodeDecodeError) as exc:
+        return KernelsDefault(None, f"transformers' {MODELING_FILE} could not be read: {exc}")
+    if found.value and found.gated:
+        enabled, value = hub_kernels_enabled()
+        if not enabled:
+            return KernelsDefault(False, f"USE_HUB_KERNELS={value} turns Hub kernels off, so use_kernels=None "
+                                         "becomes False", gated=True)  # fmt: skip
+    return found

@@ -158,6 +158,8 @@ def _device_map(plan: LoadPlan, loaded: LoadedModel) -> list[Difference]:
 
 def _bytes(plan: LoadPlan, loaded: LoadedModel) -> list[Difference]:
     planned = planned_bytes(plan)
+    for device, saved in loaded.repacked.items():  # the plan is the weights as loaded; bitsandbytes shrank them since
+        planned[device] = planned.get(device, 0) - saved
     measured: dict[str, int] = {}
     for d in loaded.devices:
         measured[d.device] = measured.get(d.device, 0) + d.bytes
@@ -194,8 +196,9 @@ def differences(plan: LoadPlan, loaded: LoadedModel, loaded_exceptions: set[str]
     out += _device_map(plan, loaded)
     out += _bytes(plan, loaded)
     out += _quantization(plan, loaded)
-    if bool(plan.args.use_kernels) != loaded.use_kernels:
-        out.append(Difference("use_kernels", str(bool(plan.args.use_kernels)), str(loaded.use_kernels)))
+    if plan.use_kernels != loaded.use_kernels:
+        asked = "unknown" if plan.use_kernels is None else str(plan.use_kernels)
+        out.append(Difference("use_kernels", asked, str(loaded.use_kernels)))
     return out
 
 

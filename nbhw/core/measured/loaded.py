@@ -183,6 +183,9 @@ class LoadedModel:
     devices: tuple[DeviceBytes, ...]
     quantization: Quantization | None
     notes: list[str] = field(default_factory=list)
+    # Bytes per device bitsandbytes gave back when it repacked 4-bit weights for a CPU with AVX512-BF16 at their
+    # first inference forward (Linear4bit.forward: absmax float32 -> bfloat16); what the weights held as loaded.
+    repacked: dict[str, int] = field(default_factory=dict)
 
     @property
     def total_bytes(self) -> int:
@@ -231,6 +234,7 @@ class LoadedModel:
                         for d in self.devices},
             "total_bytes": self.total_bytes,
             "quantization": None if self.quantization is None else vars(self.quantization),
+            "repacked_for_cpu_bytes": dict(self.repacked),
             "notes": list(self.notes),
         }  # fmt: skip
 
@@ -419,12 +423,28 @@ def quantization_of(model: Any) -> Quantization | None:
     return Quantization(str(method), replaced)
 
 
+def repacked_for_cpu(model: Any) -> dict[str, int]:
+    """Per device, the absmax bytes bitsandbytes saved by repacking 4-bit weights for its CPU bf16 kernel."""
+    saved: dict[str, int] = {}
+    for p in model.parameters():
+        state = getattr(p, "quant_state", None)
+        absmax = getattr(state, "absmax", None)
+        if not getattr(state, "packing_format_for_cpu", False) or absmax is None:
+            continue
+        device = str(p.device)
+        saved[device] = saved.get(device, 0) + absmax.numel() * (4 - absmax.element_size())
+    return {d: n for d, n in saved.items() if n}
+
+
 def inspect(model: Any, variable: str = "model", *, asked_attention: str | None = UNKNOWN) -> LoadedModel:
     """What ``model`` really holds. ``asked_attention``: what its loading cell passed, when nbhw saw that cell."""
     notes = []
     device_map = device_map_of(model)
     if device_map is None:
         notes.append("no hf_device_map: transformers sets it only for a map over more than one device")
+    repacked = repacked_for_cpu(model)
+    notes += [f"bitsandbytes repacked the 4-bit weights on {d} for this CPU's bf16 kernel at their first forward "
+              f"(absmax kept in bfloat16): {n:,} B less than as loaded" for d, n in repacked.items()]  # fmt: skip
     return LoadedModel(
         variable=variable,
         model_class=type(model).__name__,
@@ -442,6 +462,7 @@ def inspect(model: Any, variable: str = "model", *, asked_attention: str | None 
         devices=tensor_bytes(model),
         quantization=quantization_of(model),
         notes=notes,
+        repacked=repacked,
     )
 
 

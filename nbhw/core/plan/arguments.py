@@ -334,6 +334,24 @@ def check_reserve(value: Any) -> int | str | None:
     return value  # type: ignore[no-any-return]
 
 
+KERNELS_WORDS = {"true": True, "on": True, "yes": True, "false": False, "off": False, "no": False}
+
+
+def kernels_from_text(text: str) -> bool:
+    """use_kernels from a word: true / false (on / off, yes / no)."""
+    found = KERNELS_WORDS.get(text.strip().lower())
+    if found is None:
+        raise UserError(f"use_kernels {text!r}: valid: true, false (or leave it out for transformers' default)")
+    return found
+
+
+def check_use_kernels(value: Any) -> bool | None:
+    """use_kernels: True, False, or None (transformers' default)."""
+    if value is None or isinstance(value, bool):
+        return value
+    raise UserError(f"use_kernels {value!r}: valid: True, False, None (transformers' default)")
+
+
 def word(value: Any) -> Any:
     """A number as the text field shows it (None stays None: the field is empty)."""
     return None if value is None else str(value)
@@ -378,9 +396,11 @@ class PlanArgs:
         metavar="IMPL", aliases=("--attn",), check=check_attn, control="dropdown", emits="attn_implementation",
         help="attn_implementation, e.g. sdpa, eager, flash_attention_2, or a Hub kernel org/repo",
     )  # fmt: skip
-    use_kernels: bool = argument(
-        default=False, kind="switch", aliases=("--kernels",), check=bool, control="checkbox", emits="use_kernels",
-        help="use_kernels=True: swap supported layers for Hub kernels",
+    use_kernels: bool | None = argument(
+        kind="toggle", aliases=("--kernels",), parse=kernels_from_text, check=check_use_kernels, word=word,
+        control="dropdown", emits="use_kernels",
+        help="use_kernels=True swaps supported layers for Hub kernels, --no-kernels writes use_kernels=False; not "
+        "given: transformers' own default (on since 5.25, unless USE_HUB_KERNELS turns it off)",
     )  # fmt: skip
     quantization: str | None = argument(
         aliases=("--quantize",), metavar="METHOD", check=check_quantization, control="dropdown",

@@ -77,8 +77,9 @@ def _attn_implementation(args: PlanArgs, ctx: Context, out: Arguments) -> None:
 
 
 def _use_kernels(args: PlanArgs, ctx: Context, out: Arguments) -> None:
-    if args.use_kernels:
-        out.kwargs.append(("use_kernels", "True"))
+    # Written whenever given, False too: transformers' default moved (on since 5.25), so the cell says what it means.
+    if args.use_kernels is not None:
+        out.kwargs.append(("use_kernels", str(args.use_kernels)))
 
 
 def _quantization(args: PlanArgs, ctx: Context, out: Arguments) -> None:

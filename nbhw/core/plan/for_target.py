@@ -35,15 +35,26 @@ def device_dependent(attn: str | None) -> bool:
 
 def attention_problems(model: str, attn: str | None, dtype: str, target: Target, offline: bool) -> list[str]:
     """attn_implementation on the target: the attention advice's row for it, when it says it won't work."""
+    return advised_problems(model, attn, dtype, offline, target.accelerator.name, target=target.text)
+
+
+def attention_problems_here(model: str, attn: str | None, dtype: str, devices: list[str], offline: bool) -> list[str]:
+    """attn_implementation on devices of this machine that a build can't answer for (a Hub kernel download): the
+    attention advice's row for each device, so ``plan.check()`` and ``nbhw.attention()`` give one answer."""
+    return [p for device in devices for p in advised_problems(model, attn, dtype, offline, device, device=device)]
+
+
+def advised_problems(model: str, attn: str | None, dtype: str, offline: bool, where: str, **hardware: str) -> list[str]:
+    """The attention advice's row for ``attn`` (on ``target=`` or ``device=``), as a problem when it won't work."""
     if not device_dependent(attn):
         return []
     assert attn is not None
     kernel = attn if meta_build.is_hub_kernel(attn) else None
-    advice = advise(model, target=target.text, dtype=dtype, kernel=kernel, offline=offline)
+    advice = advise(model, dtype=dtype, kernel=kernel, offline=offline, **hardware)
     row = advice.row(attn)
     if row.status is Status.WONT:
         fix = f" (fix: {row.fix})" if row.fix else ""
-        return [f"attn_implementation={attn!r} on the {target.accelerator.name}: {row.reason}{fix}"]
+        return [f"attn_implementation={attn!r} on the {where}: {row.reason}{fix}"]
     return []
 
 

@@ -102,6 +102,7 @@ class Form:
             raise TypeError(f"the Load tab has no control {unknown[0]!r}; it has {', '.join(CONTROLS)}")
         self.model = model
         self.offline = offline
+        words = {n: CONTROLS[n].word(v) if isinstance(v, bool) else v for n, v in words.items()}  # a dropdown's word
         self._words = tuple((n, v) for n, v in words.items() if v is not None and v != self.default(n))
 
     @staticmethod
@@ -383,6 +384,13 @@ def _cache_options(hardware: Hardware, advice: AttentionAdvice) -> tuple[list[Op
     return options, "the cache generate() makes; the run counts it (an offloaded cache's host copies on the CPU)"
 
 
+def _kernels_options(hardware: Hardware, advice: AttentionAdvice) -> tuple[list[Option], str]:
+    default = advice.kernels.default
+    said = "unknown" if default.value is None else ("on" if default.value else "off")
+    options = [Option(None, f"default ({said} in this transformers)"), Option("True", "True"), Option("False", "False")]
+    return options, f"use_kernels left out: {default.why}"
+
+
 # What each dropdown offers here, and the note beside it, by argument name (a test checks every dropdown has one).
 OPTIONS: dict[str, Callable[[Hardware, AttentionAdvice], tuple[list[Option], str]]] = {
     "target": _target_options,
@@ -391,6 +399,7 @@ OPTIONS: dict[str, Callable[[Hardware, AttentionAdvice], tuple[list[Option], str
     "attn_implementation": _attention_options,
     "quantization": _quantization_options,
     "cache_implementation": _cache_options,
+    "use_kernels": _kernels_options,
 }
 
 

@@ -24,7 +24,7 @@ from nbhw.core.hardware import backends, presence
 from nbhw.core.hardware.data import BackendStatus
 from nbhw.core.hardware.targets import Target, target_of
 from nbhw.core.hardware.who_picks import from_pretrained_default
-from nbhw.core.hf import meta_build, model_config
+from nbhw.core.hf import kernel_tables, meta_build, model_config
 from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.core.plan import codegen, estimate, for_target, run, run_plan, run_view
 from nbhw.core.plan.arguments import DISK, PLAN_ARGUMENTS, PlanArgs, plan_args
@@ -444,6 +444,8 @@ class LoadPlan(Shown):
             problems += self._device_problems(placement)
             if build is not None and build.ok:
                 problems += self._flash_problems(placement)
+            elif build is None and self._attn_download and self.target is None:
+                problems += self._advised_attention(placement)
             if self.target is not None:
                 used = list(placement.device_map.values())
                 problems += for_target.unused_devices(used, self.target, placement.strategy)
@@ -473,11 +475,22 @@ class LoadPlan(Shown):
             self.args.quantization, config, self.args.device_map, self.dtype, self.target
         )
 
+    @cached_property
+    def kernels_default(self) -> kernel_tables.KernelsDefault:
+        """What the installed transformers does when the cell doesn't pass use_kernels (read from its source)."""
+        return kernel_tables.kernels_default()
+
+    @property
+    def use_kernels(self) -> bool | None:
+        """use_kernels as the load will have it: yours, else transformers' default (None: nbhw can't read it)."""
+        return self.args.use_kernels if self.args.use_kernels is not None else self.kernels_default.value
+
     def _kernel_problems(self) -> list[str]:
-        if not self.args.use_kernels:
+        if not self.use_kernels:
             return []
         ok, why = meta_build.kernels_status()
-        return [] if ok else [f"use_kernels=True: {why}"]
+        given = "" if self.args.use_kernels else f" (transformers' default: {self.kernels_default.why})"
+        return [] if ok else [f"use_kernels=True{given}: {why}"]
 
     def _quantization_problems(self) -> list[str]:
         """transformers' quantizer checks: the one asked for, or the one a pre-quantized checkpoint names."""
@@ -509,6 +522,15 @@ class LoadPlan(Shown):
 
     def _device_problems(self, placement: Placement) -> list[str]:
         return presence.absent(list(placement.device_map.values()), self.rows, self.live.accelerator)
+
+    def _advised_attention(self, placement: Placement) -> list[str]:
+        """A Hub-kernel attention a build can't check here: the attention advice's answer for each device used."""
+        accelerator = self.live.accelerator or "cuda"
+        devices = [f"{accelerator}:{v}" if isinstance(v, int) else str(v) for v in placement.device_map.values()]
+        used = [d for d in dict.fromkeys(devices) if d != DISK]
+        return for_target.attention_problems_here(
+            self.model, self.args.attn_implementation, self.dtype, used, self.offline
+        )
 
     def _flash_problems(self, placement: Placement) -> list[str]:
         impl = (self.args.attn_implementation or "").removeprefix("paged|")
@@ -640,10 +662,10 @@ def plan_notes(plan: LoadPlan, *, run: bool = True) -> list[str]:
     out += plan.arguments.omitted
     out += [n for n in [_dtype_note(plan)] if n]
     attn = plan.args.attn_implementation
-    if attn is not None and plan.build is None and plan.config.available and not plan._attn_on_target:
+    refused = any(p.startswith(f"attn_implementation={attn!r}") for p in plan.check())
+    if attn is not None and plan.build is None and plan.config.available and not plan._attn_on_target and not refused:
         out.append(f"attn_implementation={attn!r} needs a Hub kernel download at load: not checked")
-    if plan.args.use_kernels and not plan._kernel_problems():
-        out.append("use_kernels=True needs Hub kernel downloads at load: not checked")
+    out += kernels_notes(plan)
     if plan.args.device_map == "meta":
         out.append("device_map='meta' loads the model without weights (transformers accepts it silently)")
     if plan.args.max_memory is not None and not (
@@ -663,6 +685,38 @@ def plan_notes(plan: LoadPlan, *, run: bool = True) -> list[str]:
         out += run_view.run_notes(plan)
     out += preflight_warnings(plan)  # the hook: nbhw.doctor()'s findings this cell would hit, as warnings
     return out
+
+
+def kernels_notes(plan: LoadPlan) -> list[str]:
+    """What use_kernels will do at load: transformers' default when the cell leaves it out, and the downloads."""
+    out = []
+    default = plan.kernels_default
+    if plan.args.use_kernels is None and default.value is None:
+        out.append(f"use_kernels is left out, and what transformers then does is unknown: {default.why}; pass "
+                   "use_kernels=True or False (--kernels / --no-kernels) to know")  # fmt: skip
+    elif plan.args.use_kernels is None and default.value:
+        out.append(f"use_kernels is left out, so Hub kernels are on: {default.why}; the load swaps the layers the "
+                   "kernel mapping has for this device (on a GPU it downloads them); to keep every layer's own code "
+                   "pass use_kernels=False (--no-kernels) or set USE_HUB_KERNELS=0")  # fmt: skip
+    if plan.use_kernels and not plan._kernel_problems():
+        out += _swaps(plan)
+    return out
+
+
+def _swaps(plan: LoadPlan) -> list[str]:
+    """Which layers use_kernels=True swaps on the plan's devices (each a Hub download at load, not checked)."""
+    placement = plan.weight_placement if plan.config.available else None
+    if placement is None:
+        return ["use_kernels=True needs Hub kernel downloads at load: not checked"]
+    cls = meta_build.model_class(plan.config.config, plan.auto_class)
+    kinds = {presence.device_type(v, plan.live.accelerator) for v in placement.device_map.values() if v != DISK}
+    swaps = {kind: kernel_tables.swapped_layers(cls, kind) for kind in sorted(k for k in kinds if k)}
+    found = {kind: layers for kind, layers in swaps.items() if layers}
+    if not found:
+        return [f"use_kernels=True: the kernel mapping has no {'/'.join(swaps) or 'device'} kernel for "
+                f"{cls.__name__}'s layers: nothing is swapped or downloaded"]  # fmt: skip
+    each = "; ".join(f"{', '.join(layers)} on {kind}" for kind, layers in found.items())
+    return [f"use_kernels=True swaps {each}: Hub kernel downloads at load, not checked"]
 
 
 def _pinned_title(plan: LoadPlan) -> str:

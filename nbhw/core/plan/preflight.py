@@ -46,7 +46,7 @@ def findings(plan: Any) -> list[Finding]:
         devices=_devices(plan),
         attn_implementation=attn,
         quantization=_quantization(plan),
-        use_kernels=bool(plan.args.use_kernels),
+        use_kernels=bool(plan.use_kernels),
         kernels=kernels,
     )
 
