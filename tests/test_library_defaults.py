@@ -1,0 +1,136 @@
+"""Answers that follow the installed transformers' own defaults, and say "unknown" where its code has a new shape.
+
+transformers 5.25 turned Hub kernels on by default (``use_kernels=None`` becomes True in ``from_pretrained`` unless
+USE_HUB_KERNELS turns them off) and made ``kernels`` a requirement, so ``flash_attention_N`` without its package goes
+to a Hub kernel on every machine. nbhw's plan, cell, advice and ``nbhw.loaded()`` must describe that load, and
+``plan.check()`` must give the attention advice's answer.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+import pytest
+import transformers
+
+import nbhw
+from nbhw.core.advice.status import Status
+from nbhw.core.hf import kernel_tables
+from nbhw.core.hf.tiny_model import tiny_model_path
+from nbhw.core.measured import origins
+
+TINY = str(tiny_model_path())
+
+
+def from_pretrained_source(body: str) -> str:
+    """A from_pretrained whose use_kernels handling is ``body`` (the shape transformers' source is read in)."""
+    return "def from_pretrained(cls, name, *args, **kwargs):\n" + textwrap.indent(textwrap.dedent(body), "    ")
+
+
+SHAPE_5_24 = """
+use_kernels = kwargs.pop("use_kernels", False)
+model = cls(name)
+model.set_use_kernels(use_kernels)
+"""
+SHAPE_5_25 = """
+use_kernels = kwargs.pop("use_kernels", None)
+if not _kernels_enabled():
+    use_kernels = False
+elif use_kernels is None:
+    use_kernels = True
+model.set_use_kernels(use_kernels)
+"""
+
+
+def test_use_kernels_default_is_read_from_each_release_s_shape() -> None:
+    old = kernel_tables.kernels_default_in(from_pretrained_source(SHAPE_5_24))
+    new = kernel_tables.kernels_default_in(from_pretrained_source(SHAPE_5_25))
+    assert (old.value, old.gated) == (False, False)
+    assert (new.value, new.gated) == (True, True) and "USE_HUB_KERNELS" in new.why
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ("use_kernels = kwargs.get('use_kernels')\n", "no longer pops use_kernels"),
+        ("use_kernels = kwargs.pop('use_kernels', None)\nmodel.set_use_kernels(use_kernels)\n", "can't read"),
+        (
+            "use_kernels = kwargs.pop('use_kernels', None)\nif use_kernels is None:\n    use_kernels = pick(name)\n",
+            "can't read",
+        ),
+        ("use_kernels = kwargs.pop('use_kernels', None\n", "could not be parsed"),
+    ],
+)
+def test_a_changed_from_pretrained_gives_unknown_not_a_guess(body: str, said: str) -> None:
+    found = kernel_tables.kernels_default_in(from_pretrained_source(body))
+    assert found.value is None and said in found.why
+
+
+def test_a_plan_on_an_unknown_default_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    unknown = kernel_tables.KernelsDefault(None, "from_pretrained no longer pops use_kernels")
+    monkeypatch.setattr(kernel_tables, "kernels_default", lambda: unknown)
+    plan = nbhw.plan(TINY, device_map="cpu")
+    assert plan.use_kernels is None
+    assert any("use_kernels is left out, and what transformers then does is unknown" in n for n in plan.notes)
+    assert "use_kernels" not in plan.code
+
+
+@pytest.mark.parametrize("switch", [None, "0"])
+def test_the_default_nbhw_reads_is_the_one_from_pretrained_applies(
+    monkeypatch: pytest.MonkeyPatch, switch: str | None
+) -> None:
+    if switch is None:
+        monkeypatch.delenv("USE_HUB_KERNELS", raising=False)
+    else:
+        monkeypatch.setenv("USE_HUB_KERNELS", switch)
+    default = kernel_tables.kernels_default()
+    model = transformers.AutoModelForCausalLM.from_pretrained(TINY, device_map="cpu")
+    assert default.value is not None and default.value == model.use_kernels
+    plan = nbhw.plan(TINY, device_map="cpu")
+    assert plan.use_kernels == model.use_kernels and "use_kernels" not in plan.code
+
+
+@pytest.fixture
+def session(ip: Any) -> Any:
+    ip.run_line_magic("load_ext", "nbhw")
+    origins.forget()
+    yield ip
+    ip.run_cell("model = tokenizer = inputs = outputs = None")
+    origins.forget()
+
+
+@pytest.mark.parametrize("use_kernels", [None, False, True])
+def test_the_cell_loads_with_the_use_kernels_its_plan_says(session: Any, use_kernels: bool | None) -> None:
+    # On main before 5.25 was read, the default cell loaded with use_kernels=True against a plan saying False.
+    plan = nbhw.plan(TINY, device_map="cpu", use_kernels=use_kernels)
+    assert ("use_kernels" in plan.code) == (use_kernels is not None)
+    session.run_cell(plan.code, store_history=True).raise_error()
+    found = nbhw.loaded()["model"]
+    assert found.loaded.use_kernels == plan.use_kernels == session.user_ns["model"].use_kernels
+    assert found.comparison is not None and found.comparison.differences == (), found.comparison.differences
+
+
+def test_use_kernels_words_turn_it_on_and_off(ip: Any) -> None:
+    from nbhw.commands import parser
+
+    on = parser("cli").parse_args(["load", TINY, "--kernels"])
+    off = parser("cli").parse_args(["load", TINY, "--no-kernels"])
+    neither = parser("cli").parse_args(["load", TINY])
+    assert (on.use_kernels, off.use_kernels, neither.use_kernels) == (True, False, None)
+    assert "use_kernels=False" in nbhw.plan(TINY, use_kernels=False).code
+
+
+FLASH = ["flash_attention_2", "flash_attention_3", "flash_attention_4"]
+
+
+@pytest.mark.parametrize("attn", FLASH)
+def test_plan_check_and_the_attention_advice_give_one_answer_here(attn: str) -> None:
+    # transformers >= 5.25 sends flash_attention_N without its package to a Hub kernel; on this CPU the kernel has
+    # no build, so from_pretrained fails, the advice says "won't work", and check() (once []) says the same.
+    row = nbhw.attention(TINY, device="cpu").row(attn)
+    problems = nbhw.plan(TINY, device_map="cpu", attn_implementation=attn).check()
+    assert row.status is Status.WONT
+    assert len(problems) == 1 and row.reason in problems[0] and "on the cpu" in problems[0]
+    with pytest.raises((ImportError, ValueError, OSError)):
+        transformers.AutoModelForCausalLM.from_pretrained(TINY, device_map="cpu", attn_implementation=attn)
