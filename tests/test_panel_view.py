@@ -156,7 +156,8 @@ def test_the_load_tab_starts_on_the_advised_dtype_with_the_machines_choices(view
         ("dtype", "float16", "dtype=torch.float16"),
         ("attn_implementation", "eager", 'attn_implementation="eager"'),
         ("device_map", "sequential", 'device_map="sequential"'),
-        ("use_kernels", True, "use_kernels=True"),
+        ("use_kernels", "True", "use_kernels=True"),
+        ("use_kernels", "False", "use_kernels=False"),
     ],
 )
 def test_changing_a_control_replans_in_the_background(
