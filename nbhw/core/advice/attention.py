@@ -271,25 +271,9 @@ def advise(model: str | None = None, *, offline: bool = False, **arguments: Any)
     import transformers  # lazy: import nbhw and %load_ext nbhw stay free of transformers
 
     asked: AdviceArgs = checked(AdviceArgs, arguments)
-    wanted, user_kernel = asked.dtype, asked.kernel
-    target = advice_target(asked)
-    facts = model_facts(model, offline)
-    advice = precision.advise(target.device, target.device_type, target.info, target.count)
-    chosen = _resolve_dtype(wanted, advice, facts)
-    kernels_ok, kernels_why = meta_build.kernels_status()
-    from transformers.utils import import_utils  # lazy: import nbhw and %load_ext nbhw stay free of transformers
-
-    env = Env(
-        target=target,
-        model=facts,
-        dtype=chosen,
-        kernels_ok=kernels_ok,
-        kernels_why=kernels_why,
-        kernels_range=(import_utils.KERNELS_MIN_VERSION, import_utils.KERNELS_MAX_VERSION),
-        fallback=kernel_tables.flash_kernel_fallback(rocm=target.device_type == "rocm"),
-        kernel_devices=kernel_tables.flash_kernel_devices(),
-    )
-    rows = [check(key, kind, env) for key, kind in keys_and_kinds(env, user_kernel)]
+    env, advice = _env(model, offline, asked)
+    target, facts, chosen, wanted = env.target, env.model, env.dtype, asked.dtype
+    rows = [check(key, kind, env) for key, kind in keys_and_kinds(env, asked.kernel)]
     default = _default(env)
     return AttentionAdvice(
         model=model,
@@ -313,6 +297,35 @@ def advise(model: str | None = None, *, offline: bool = False, **arguments: Any)
         target=target.catalog.text if target.catalog else None,
         not_here=target.catalog.not_here if target.catalog else None,
     )
+
+
+def _env(model: str | None, offline: bool, asked: AdviceArgs) -> tuple[Env, DtypeAdvice]:
+    """What every row is judged against: the device, the model's facts, the dtype, transformers' kernel tables."""
+    from transformers.utils import import_utils  # lazy: import nbhw and %load_ext nbhw stay free of transformers
+
+    target = advice_target(asked)
+    facts = model_facts(model, offline)
+    advice = precision.advise(target.device, target.device_type, target.info, target.count)
+    kernels_ok, kernels_why = meta_build.kernels_status()
+    env = Env(
+        target=target,
+        model=facts,
+        dtype=_resolve_dtype(asked.dtype, advice, facts),
+        kernels_ok=kernels_ok,
+        kernels_why=kernels_why,
+        kernels_range=(import_utils.KERNELS_MIN_VERSION, import_utils.KERNELS_MAX_VERSION),
+        fallback=kernel_tables.flash_kernel_fallback(rocm=target.device_type == "rocm"),
+        kernel_devices=kernel_tables.flash_kernel_devices(),
+    )
+    return env, advice
+
+
+def row_for(key: str, model: str | None = None, *, offline: bool = False, **arguments: Any) -> AttentionRow:
+    """The one row ``advise(model, **arguments)`` gives for ``key``, judged alone (what ``plan.check()`` asks)."""
+    asked: AdviceArgs = checked(AdviceArgs, arguments)
+    env, _ = _env(model, offline, asked)
+    kinds = dict(keys_and_kinds(env, asked.kernel))
+    return check(key, kinds.get(key, "registry"), env)
 
 
 def advice_target(asked: AdviceArgs) -> Target:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import importlib.metadata
 import json
 import os
@@ -353,8 +354,17 @@ def kernels_range() -> tuple[str, str] | None:
     path = library_file("transformers", "utils/import_utils.py")
     if path is None:
         return None
+    try:
+        return _read_kernels_range(str(path), os.path.getmtime(path))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None
+
+
+@functools.lru_cache(maxsize=4)
+def _read_kernels_range(path: str, mtime: float) -> tuple[str, str] | None:
+    """The range in one version of the file (a 3,000-line parse: kept while the file is unchanged)."""
     found: dict[str, str] = {}
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+    for node in ast.parse(Path(path).read_text(encoding="utf-8")).body:
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
             for target in node.targets:
                 if isinstance(target, ast.Name) and target.id in ("KERNELS_MIN_VERSION", "KERNELS_MAX_VERSION"):

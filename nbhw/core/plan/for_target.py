@@ -15,7 +15,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from nbhw.core.advice.attention import advise
+from nbhw.core.advice.attention import row_for
 from nbhw.core.advice.attention_rules import FLASH_KEY
 from nbhw.core.advice.quantization import plan_check
 from nbhw.core.advice.status import Status
@@ -50,8 +50,7 @@ def advised_problems(model: str, attn: str | None, dtype: str, offline: bool, wh
         return []
     assert attn is not None
     kernel = attn if meta_build.is_hub_kernel(attn) else None
-    advice = advise(model, dtype=dtype, kernel=kernel, offline=offline, **hardware)
-    row = advice.row(attn)
+    row = row_for(attn, model, dtype=dtype, kernel=kernel, offline=offline, **hardware)
     if row.status is Status.WONT:
         fix = f" (fix: {row.fix})" if row.fix else ""
         return [f"attn_implementation={attn!r} on the {where}: {row.reason}{fix}"]
