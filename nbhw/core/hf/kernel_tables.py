@@ -124,14 +124,33 @@ def _mapping_dict(tree: ast.AST) -> ast.Dict | None:
     return None
 
 
+def _builder(tree: ast.AST) -> ast.FunctionDef | None:
+    return next(
+        (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "_build_kernel_mapping"), None
+    )
+
+
+def _only_a_literal(builder: ast.FunctionDef) -> bool:
+    """Whether the builder is its dict literal and a return (what ast can read): no loop, call or item added."""
+    own = [s for s in builder.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    return all(isinstance(s, ast.Assign | ast.AnnAssign | ast.Return) for s in own) and not any(
+        isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Store) for n in ast.walk(builder)
+    )
+
+
 @lru_cache(maxsize=4)
 def _read_mapping(path: str, mtime: float) -> KernelMapping:
     source = f"transformers/{HUB_KERNELS_FILE}:_build_kernel_mapping"
     with open(path, encoding="utf-8") as f:
         tree = ast.parse(f.read())
     mapping = _mapping_dict(tree)
-    if mapping is None:
+    builder = _builder(tree)
+    if mapping is None or builder is None:
         return KernelMapping([], source, "no _build_kernel_mapping dict in this transformers' hub_kernels.py")
+    if not _only_a_literal(builder):
+        # transformers >= 5.25 adds entries in loops and helper calls: a literal read would miss most of them.
+        return KernelMapping([], source, "the mapping is built by code, not written as one literal, and the kernels "
+                             "package transformers needs to build it is not usable here: unknown")  # fmt: skip
     entries = []
     for key, value in zip(mapping.keys, mapping.values, strict=True):
         if isinstance(key, ast.Constant) and isinstance(key.value, str):
@@ -139,8 +158,62 @@ def _read_mapping(path: str, mtime: float) -> KernelMapping:
     return KernelMapping(entries, source)
 
 
+def _device_key(device: Any) -> tuple[str, str | None]:
+    """A mapping key as nbhw names it: "cuda", or Device(type="cuda", properties=...) with its capability range."""
+    if isinstance(device, str):
+        return device, None
+    props = getattr(device, "properties", None)
+    low, high = getattr(props, "min_capability", None), getattr(props, "max_capability", None)
+    condition = None if props is None else (f"capability {low}" if low == high else f"capability {low}..{high}")
+    return str(getattr(device, "type", device)), condition
+
+
+def _repo_name(repo: Any) -> str | None:
+    repo_id = getattr(repo, "_repo_id", None) or getattr(repo, "repo_id", None)
+    layer = getattr(repo, "layer_name", None)
+    return None if repo_id is None else (f"{repo_id}:{layer}" if layer else str(repo_id))
+
+
+def _mode_names(mode: Any) -> list[str]:
+    name = str(getattr(mode, "name", None) or mode)
+    return [m.lower() for m in name.removeprefix("Mode.").split("|") if m]
+
+
+def _built_entries(built: dict[str, dict[Any, Any]]) -> list[KernelEntry]:
+    found = []
+    for layer, devices in built.items():
+        for device, value in devices.items():
+            kind, condition = _device_key(device)
+            by_mode = value if isinstance(value, dict) else {}
+            repos = sorted({r for v in (by_mode.values() if by_mode else [value]) if (r := _repo_name(v))})
+            modes = sorted({m for mode in by_mode for m in _mode_names(mode)} - {"torch_compile"})
+            found.append(KernelEntry(layer, kind, repos, modes, condition))
+    return found
+
+
+def _mapping_by_running() -> KernelMapping | None:
+    """transformers' own mapping builder run (it only makes LayerRepository objects: no download); None when the
+    kernels package it needs is not usable here."""
+    from transformers.integrations import hub_kernels  # lazy: import nbhw and %load_ext nbhw stay free of transformers
+
+    build = getattr(hub_kernels, "get_kernel_mapping_transformers", None) or getattr(
+        hub_kernels, "_build_kernel_mapping", None
+    )
+    if build is None:
+        return None
+    try:
+        built = build()
+    except Exception:  # a builder that fails here: read the source instead
+        return None
+    return KernelMapping(_built_entries(built), f"transformers/{HUB_KERNELS_FILE}:{build.__name__}() (run)")
+
+
 def default_mapping() -> KernelMapping:
-    """The layers ``use_kernels=True`` would swap, per device key, read from transformers' own source."""
+    """The layers ``use_kernels=True`` would swap, per device key: transformers' own builder run where the kernels
+    package lets it be defined, else read from its source (unknown where the source builds it in code)."""
+    ran = _mapping_by_running()
+    if ran is not None:
+        return ran
     path = library_file("transformers", HUB_KERNELS_FILE)
     if path is None:
         return KernelMapping([], HUB_KERNELS_FILE, "transformers' hub_kernels.py was not found")
