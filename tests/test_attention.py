@@ -117,6 +117,22 @@ def fake_kernels_package(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
+def no_kernels_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No usable kernels (transformers < 5.25 without it), at every boundary nbhw and transformers ask."""
+    import transformers.modeling_flash_attention_utils as flash_utils
+    import transformers.modeling_utils as modeling_utils
+    from transformers.integrations import hub_kernels
+    from transformers.utils import import_utils
+
+    for module in (import_utils, modeling_utils, flash_utils, hub_kernels):
+        if hasattr(module, "is_kernels_available"):
+            monkeypatch.setattr(module, "is_kernels_available", lambda *a, **k: False)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a, **k: None if name == "kernels" else real_find_spec(name, *a, **k)
+    )
+
+
 def record_builds(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Every attn_implementation nbhw builds with."""
     built: list[Any] = []
@@ -144,8 +160,12 @@ def test_every_row_agrees_with_a_meta_build_by_transformers(models: dict[str, Pa
     config = _configs()[name]
     for row in adv.rows:
         assert row.status in {Status.WORKS, Status.WONT}, (row.key, row.status)  # nothing downloads on this machine
-        assert row.checked, row.key
-        ok, resolved = transformers_builds(config, adv.auto_class, row.key, "bfloat16")
+        # With kernels installed (transformers >= 5.25 requires it) a flash row without its package would fetch a
+        # Hub kernel: nbhw doesn't build it, and transformers' own build (offline: no download here) fails too.
+        downloads = (row.check or "").startswith("not checked: a build would download")
+        assert row.checked or (downloads and row.status is Status.WONT), (row.key, row.check)
+        with meta_build.forced_offline():
+            ok, resolved = transformers_builds(config, adv.auto_class, row.key, "bfloat16")
         assert ok == (row.status == Status.WORKS), (row.key, row.status, row.reason)
         if ok and resolved != row.key:
             assert row.resolves_to == resolved, row.key
@@ -155,7 +175,9 @@ def test_every_row_agrees_with_a_meta_build_by_transformers(models: dict[str, Pa
 def test_the_rules_nbhw_reads_agree_with_the_build_without_correction(models: dict[str, Path], name: str) -> None:
     adv = advise(str(models[name]), device="cpu")
     for row in adv.rows:
-        assert row.check == "meta build agrees", (row.key, row.check, row.notes)
+        # A row that would fetch a Hub kernel (flash_attention_N without its package, kernels installed) is not built.
+        skipped = row.status is Status.WONT and (row.check or "").startswith("not checked: a build would download")
+        assert row.check == "meta build agrees" or skipped, (row.key, row.check, row.notes)
 
 
 def test_a_model_with_its_own_attention_table_is_corrected_by_the_build(models: dict[str, Path]) -> None:
@@ -236,7 +258,13 @@ def test_fake_nvidia_gpu_gives_the_flash_rows_of_its_generation(
     assert adv.device == "cuda:0" and adv.present and not adv.live
     for version in (2, 3, 4):
         row = adv.row(f"flash_attention_{version}")
-        if not installed:
+        if not installed and meta_build.kernels_status()[0]:
+            # With kernels usable (transformers >= 5.25 requires it) the missing package sends transformers to the
+            # Hub kernel: a download at load, so not built here, and named.
+            fallback = kernel_tables.flash_kernel_fallback(rocm=False)[f"flash_attention_{version}"]
+            assert row.status == Status.DOWNLOAD and not row.checked and row.resolves_to == fallback, (version, row)
+            assert attention_rules.flash_package(version) in row.reason and fallback in row.check
+        elif not installed:
             # transformers checks the package before the device: a build here says the same, so it is checked.
             assert row.status == Status.WONT and row.checked and attention_rules.flash_package(version) in row.reason
         elif cc[0] >= _need(version):
@@ -271,6 +299,9 @@ def test_fake_rocm_gpu_uses_the_rocm_kernel_table(
 ) -> None:
     fake_hw.rocm(FakeGpu(name="AMD Instinct MI300X", arch="gfx942"))
     rocm_fallback = fallback_by_running_the_source(rocm=True)
+    with_kernels = advise(str(models["qwen3"])).row("flash_attention_2")
+    assert not meta_build.kernels_status()[0] or with_kernels.resolves_to == rocm_fallback["flash_attention_2"]
+    no_kernels_package(monkeypatch)
     adv = advise(str(models["qwen3"]))
     assert adv.device == "cuda:0" and adv.device_type == "rocm" and adv.kernels.device_key == "rocm"
     hub_rows = [r.key for r in adv.rows if r.kind == "hub kernel"]
@@ -288,6 +319,7 @@ def test_fake_xpu_npu_and_tpu_follow_transformers_device_rules(
     # Import the model code (and torch._dynamo with it) before a fake torch.xpu claims this torch has XPU.
     advise(str(models["qwen3"]), device="cpu")
     fake_hw.xpu(FakeGpu(name="Intel Arc B580"))
+    no_kernels_package(monkeypatch)
     xpu = advise(str(models["qwen3"]))
     assert xpu.device == "xpu:0"
     # On XPU transformers takes FlashAttention 2 from a Hub kernel, so without kernels it can't work.
@@ -342,7 +374,13 @@ def test_rows_that_would_download_are_never_built(
     assert advise().row("flash_attention_2").status == Status.HUB
 
 
-def test_a_user_kernel_without_kernels_is_checked_and_wont_work(models: dict[str, Path]) -> None:
+def test_a_user_kernel_without_kernels_is_checked_and_wont_work(
+    models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if meta_build.kernels_status()[0]:  # with kernels (transformers >= 5.25) the kernel is fetched at load: not built
+        row = advise(str(models["qwen3"]), device="cpu", kernel="acme/my-attn").row("acme/my-attn")
+        assert row.status == Status.DOWNLOAD and not row.checked and "acme/my-attn" in row.check
+    no_kernels_package(monkeypatch)
     row = advise(str(models["qwen3"]), device="cpu", kernel="acme/my-attn").row("acme/my-attn")
     assert row.kind == "your kernel" and row.status == Status.WONT and row.checked
 
@@ -493,7 +531,9 @@ def test_fake_mac_gets_float16_and_the_mps_kernel_key(fake_hw: Any, models: dict
     adv = advise(str(models["qwen3"]))
     assert adv.device == "mps" and adv.precision.dtype == "float16" and "fp16=True" in adv.precision.training
     assert adv.kernels.device_key == "mps" and "mps" in adv.kernels.kernel_config_keys
-    assert {e.layer for e in adv.kernels.layers} & set(adv.kernels.model_layers)
+    # Whether transformers' mapping has an mps kernel for the model's layers (5.24: mlx-rmsnorm; 5.25: none).
+    mps_layers = {e.layer for e in kernel_tables.default_mapping().for_device("mps")}
+    assert adv.kernels.use_kernels == bool(mps_layers & set(adv.kernels.model_layers))
     assert adv.row("flash_attention_2").status == Status.WONT
 
 
