@@ -116,8 +116,13 @@ def test_dry_run_refuses_exactly_what_transformers_refuses() -> None:
     assert not disagreements, disagreements
     # Every refusal is one line that names what was wrong.
     _, problems = nbhw_accepts("cuda:1", "float32", "flash_attention_2", {})
-    assert len(problems) == 2 and all("\n" not in p for p in problems)
-    assert any("cuda:1" in p and "not here" in p for p in problems) and any("FlashAttention2" in p for p in problems)
+    assert all("\n" not in p for p in problems) and any("cuda:1" in p and "not here" in p for p in problems)
+    if meta_build.kernels_status()[0]:
+        # kernels usable (transformers >= 5.25): on a CUDA device FA2 without its package is a Hub download at load,
+        # which no build here can check; the device is the one refusal.
+        assert len(problems) == 1
+    else:
+        assert len(problems) == 2 and any("FlashAttention2" in p for p in problems)
 
 
 def test_an_uncached_hub_model_offline_is_one_problem_and_still_valid_code(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -141,9 +146,13 @@ def test_attention_that_would_download_a_kernel_is_not_built(monkeypatch: pytest
 
     plan_module.clear_cache()
     plan = nbhw.plan(attn_implementation="flash_attention_2")
-    assert plan.check() == []
-    assert any("needs a Hub kernel download" in n for n in plan.notes)
+    # Not built, and not "[]" either: check() gives the attention advice's answer for the CPU, as nbhw.attention()
+    # does (the Hub kernel has no CPU build); once it said [] while from_pretrained raised.
+    problems = plan.check()
+    assert not any("needs a Hub kernel download" in n for n in plan.notes)
     assert plan.estimate is not None and all(k.get("attn_implementation") is None for k in built)
+    row = nbhw.attention(device="cpu").row("flash_attention_2")
+    assert len(problems) == 1 and row.reason in problems[0] and "kernels-community/flash-attn2" in problems[0]
 
 
 @pytest.mark.parametrize(

@@ -302,6 +302,20 @@ def model_kernel_layers(model_class: Any) -> list[str]:
     return sorted(set(_MARKS.findall(text)))
 
 
+def kernelize_refuses(device_type: str) -> str | None:
+    """The error the kernels package's own device check raises when kernelize meets ``device_type`` (None when it
+    accepts it). Run, not copied: ``kernels._internals.layer.kernelize._validate_device_type``."""
+    try:
+        from kernels._internals.layer.kernelize import _validate_device_type  # lazy: kernels is heavy
+    except ImportError:
+        return None  # no such check in this kernels: transformers' own checks decide
+    try:
+        _validate_device_type(device_type)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def swapped_layers(model_class: Any, device_type: str) -> list[str]:
     """The layers of ``model_class`` that the default mapping has a kernel for on ``device_type``."""
     marked = set(model_kernel_layers(model_class))

@@ -3,16 +3,23 @@
 Each entry says where it lives, what nbhw reads it for, how (an attribute it calls or reads, a class flag, or a
 function whose source nbhw parses with ``ast``), and the version it was read from. ``tests/test_private_names.py``
 checks that each one still exists in the installed libraries, so an upgrade that renames one fails there, by name,
-rather than somewhere in a plan.
+rather than somewhere in a plan. A name that exists only in some releases says which (``versions``, a PEP 440
+specifier of its library's versions): the test checks it where that release is installed (the compatibility run's
+floors and newest sets), and nbhw's code that reads it finds it where it is, or says it could not tell.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.metadata
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion
 
 from nbhw.core.hf.library_source import function_source, library_file
 
@@ -23,7 +30,10 @@ How = Literal["call", "read", "patch", "flag", "source"]
 class PrivateName:
     """One internal name: ``module`` + ``attribute`` (dotted inside the module), why nbhw needs it, and how.
 
-    A part written ``Class()`` in ``attribute`` means an instance of that class (an attribute its __init__ sets).
+    A part written ``Class()`` in ``attribute`` means an instance of that class (an attribute its __init__ sets);
+    ``Class(arg, key=value)`` one made with those literal arguments (written without dots), for a class whose
+    __init__ needs some. ``versions`` is the PEP 440 specifier of the library versions the name exists in ("":
+    every version nbhw supports).
     """
 
     module: str
@@ -34,6 +44,12 @@ class PrivateName:
     only: str | None = (
         None  # where the name exists at all (a CUDA build of torch, an optional package); None: everywhere
     )
+    versions: str = ""
+
+    @property
+    def parts(self) -> list[str]:
+        """The names in the dotted path, without the calls: ("PreTrainedModel", "_supports_sdpa")."""
+        return [re.sub(r"\(.*\)$", "", part) for part in (*self.module.split("."), *self.attribute.split("."))]
 
     @property
     def path(self) -> str:
@@ -46,8 +62,10 @@ class PrivateName:
         return self.module.split(".")[0]
 
 
-def _n(module: str, attribute: str, how: How, read_from: str, why: str, *, only: str | None = None) -> PrivateName:
-    return PrivateName(module, attribute, why, how, read_from, only)
+def _n(
+    module: str, attribute: str, how: How, read_from: str, why: str, *, only: str | None = None, versions: str = ""
+) -> PrivateName:
+    return PrivateName(module, attribute, why, how, read_from, only, versions)
 
 
 CUDA_BUILD = "a CUDA build of torch"
@@ -59,8 +77,14 @@ TORCH = "2.13.0"
 BNB = "bitsandbytes"  # optional: checked where installed (only=BNB)
 BNB_V = "0.50.2"
 KERNELS_V = "0.17.2"
+KERNELS_V19 = "0.19.1"
+KV = "kernels.variants"  # kernels < 0.19 (0.17.2 and 0.18.3 read)
+KV19 = "kernels._internals.variants"  # kernels 0.19 moved its modules under kernels._internals
+OLD_KERNELS, KERNELS19 = "<0.19", ">=0.19"
 TF = "transformers"
 TF_V = "5.24.0"
+TF_V25 = "5.25.0"
+HUB_KERNELS = f"{TF}.integrations.hub_kernels"
 ACCELERATE = "1.15.0"
 PEFT_V = "0.21.2"
 
@@ -118,8 +142,11 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     # transformers: the decisions from_pretrained makes, asked of transformers itself
     _n(f"{TF}.integrations.accelerate", "_get_device_map", "call", TF_V, "device_map='auto' and the strategies"),
     _n(f"{TF}.integrations.accelerate", "accelerate_max_memory", "patch", TF_V, "NVML's free memory, no context"),
-    _n(f"{TF}.integrations.hub_kernels", "_build_kernel_mapping", "source", TF_V, "use_kernels' default mapping"),
-    _n(f"{TF}.integrations.hub_kernels", "_TRANSFORMERS_USE_HUB_KERNELS", "read", TF_V, "USE_HUB_KERNELS"),
+    _n(HUB_KERNELS, "_build_kernel_mapping", "source", TF_V, "use_kernels' default mapping"),
+    # the USE_HUB_KERNELS switch: read once at import before 5.25 (a bool and the value read), at each load since
+    _n(HUB_KERNELS, "_TRANSFORMERS_USE_HUB_KERNELS", "read", TF_V, "USE_HUB_KERNELS as read", versions="<5.25"),
+    _n(HUB_KERNELS, "_kernels_enabled", "read", TF_V, "USE_HUB_KERNELS on (a bool)", versions="<5.25"),
+    _n(HUB_KERNELS, "_kernels_enabled", "call", TF_V25, "USE_HUB_KERNELS on, asked now", versions=">=5.25"),
     _n(f"{TF}.models.auto.auto_factory", "_BaseAutoModelClass._model_mapping", "read", TF_V, "Auto class to class"),
     _n(TF, "PreTrainedModel._supports_sdpa", "flag", TF_V, "the class supports sdpa"),
     _n(TF, "PreTrainedModel._supports_flash_attn", "flag", TF_V, "the class supports flash attention"),
@@ -152,10 +179,30 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     _n(f"{BNB}.cextension", "_split_cuda_version", "source", BNB_V, "its CUDA version rule (called)", only=BNB),
     _n(f"{BNB}.cextension", "get_xpu_bnb_library_path", "source", BNB_V, "the XPU library it loads", only=BNB),
     _n(BNB, "supported_torch_devices", "source", BNB_V, "the devices transformers lets it quantize for", only=BNB),
-    # kernels: its own build-variant resolver, for the Hub kernels in the local cache
-    _n("kernels.variants", "get_variants_local", "call", KERNELS_V, "a cached kernel's builds", only="kernels"),
-    _n("kernels.variants", "resolve_variants", "call", KERNELS_V, "which build it would load", only="kernels"),
-    _n("kernels.variants", "VariantRejected.reason", "read", KERNELS_V, "why a build is refused", only="kernels"),
+    # kernels: its own build-variant resolver, for the Hub kernels in the local cache (package_checks looks in both)
+    _n(KV, "get_variants_local", "call", KERNELS_V, "a cached kernel's builds", only="kernels", versions=OLD_KERNELS),
+    _n(KV, "resolve_variants", "call", KERNELS_V, "which build it would load", only="kernels", versions=OLD_KERNELS),
+    _n(KV, "VariantRejected.reason", "read", KERNELS_V, "why a build is refused", only="kernels", versions=OLD_KERNELS),
+    _n(KV19, "get_variants_local", "call", KERNELS_V19, "a cached kernel's builds", only="kernels", versions=KERNELS19),
+    _n(KV19, "resolve_variants", "call", KERNELS_V19, "which build it would load", only="kernels", versions=KERNELS19),
+    _n(
+        KV19,
+        "VariantRejected.reason",
+        "read",
+        KERNELS_V19,
+        "why a build is refused",
+        only="kernels",
+        versions=KERNELS19,
+    ),
+    # kernels: the Hub repo of an entry of transformers' default mapping (nbhw.core.hf.kernel_tables)
+    _n(
+        "kernels",
+        "LayerRepository('org/name', layer_name='Layer', version=1)._repo_id",
+        "read",
+        KERNELS_V19,
+        "the Hub repo a use_kernels mapping entry loads",
+        only="kernels",
+    ),
     # training plans (nbhw/core/train): one real training step on meta, under torch's own tracker
     _n(MEM, "MemTracker._track_module_params_and_buffers", "patch", TORCH, "frozen parameters get no grad hook"),
     _n(MEM, "MemTracker._pre_fw_hook", "patch", TORCH, "a module's second forward (accumulation, step 2)"),
@@ -228,6 +275,30 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
 )
 
 
+def installed_version(library: str) -> str | None:
+    """The installed version of a library's distribution (as importlib.metadata finds it first), None if none."""
+    try:
+        return importlib.metadata.version(library)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def in_installed_version(name: PrivateName) -> bool:
+    """Whether the installed release of the name's library is one the name exists in (``versions``).
+
+    True for a name of every version; False when the library is not installed or its version is not in the range.
+    """
+    if not name.versions:
+        return True
+    version = installed_version(name.library)
+    if version is None:
+        return False
+    try:
+        return SpecifierSet(name.versions).contains(version, prereleases=True)
+    except (InvalidSpecifier, InvalidVersion):
+        return False
+
+
 def resolve(name: PrivateName) -> Any:
     """The object a name stands for in the installed library; AttributeError / ImportError when it is gone.
 
@@ -268,10 +339,23 @@ def _source(name: PrivateName) -> str:
 
 def _attribute(owner: Any, part: str) -> Any:
     # "Class()" stands for an instance (attributes __init__ sets); class flags may be annotations without a value.
-    if part.endswith("()"):
-        return getattr(owner, part[:-2])()
+    call = re.fullmatch(r"(\w+)\((.*)\)", part)
+    if call is not None:
+        args, kwargs = _literal_arguments(call.group(2))
+        return getattr(owner, call.group(1))(*args, **kwargs)
     if hasattr(owner, part):
         return getattr(owner, part)
     if part in getattr(owner, "__annotations__", {}):
         return owner.__annotations__[part]
     raise AttributeError(f"{owner!r} has no attribute {part!r}")
+
+
+def _literal_arguments(text: str) -> tuple[list[Any], dict[str, Any]]:
+    """The literal arguments written in a ``Class(...)`` part: ("'org/name', version=1") -> (["org/name"], {...})."""
+    if not text.strip():
+        return [], {}
+    call = ast.parse(f"f({text})", mode="eval").body
+    assert isinstance(call, ast.Call)
+    args = [ast.literal_eval(a) for a in call.args]
+    kwargs = {str(k.arg): ast.literal_eval(k.value) for k in call.keywords}
+    return args, kwargs

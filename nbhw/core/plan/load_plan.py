@@ -27,7 +27,7 @@ from nbhw.core.hardware.who_picks import from_pretrained_default
 from nbhw.core.hf import kernel_tables, meta_build, model_config
 from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.core.plan import codegen, estimate, for_target, run, run_plan, run_view
-from nbhw.core.plan.arguments import DISK, PLAN_ARGUMENTS, PlanArgs, plan_args
+from nbhw.core.plan.arguments import DISK, NO_DEVICE_MAP, PLAN_ARGUMENTS, PlanArgs, plan_args, strategy_names
 from nbhw.core.plan.estimate import Estimate
 from nbhw.core.plan.pinned import Pin, plan_beside_pin, read_pin
 from nbhw.core.plan.placement import LiveMemory, Placement, live_memory, place
@@ -490,7 +490,18 @@ class LoadPlan(Shown):
             return []
         ok, why = meta_build.kernels_status()
         given = "" if self.args.use_kernels else f" (transformers' default: {self.kernels_default.why})"
-        return [] if ok else [f"use_kernels=True{given}: {why}"]
+        if not ok:
+            return [f"use_kernels=True{given}: {why}"]
+        refused = [kernel_tables.kernelize_refuses(kind) for kind in self._named_device_types()]
+        return [f"use_kernels=True{given}: kernelize fails: {r}" for r in dict.fromkeys(refused) if r]
+
+    def _named_device_types(self) -> list[str]:
+        """The device types the device_map names itself ("cpu", "meta"; a strategy names none)."""
+        device_map = self.args.device_map
+        named = list(device_map.values()) if isinstance(device_map, dict) else [device_map]
+        skip = (*strategy_names(), NO_DEVICE_MAP, DISK)
+        kinds = [presence.device_type(v, self.live.accelerator) for v in named if v is not None and v not in skip]
+        return [k for k in dict.fromkeys(kinds) if k]
 
     def _quantization_problems(self) -> list[str]:
         """transformers' quantizer checks: the one asked for, or the one a pre-quantized checkpoint names."""
@@ -527,7 +538,7 @@ class LoadPlan(Shown):
         """A Hub-kernel attention a build can't check here: the attention advice's answer for each device used."""
         accelerator = self.live.accelerator or "cuda"
         devices = [f"{accelerator}:{v}" if isinstance(v, int) else str(v) for v in placement.device_map.values()]
-        used = [d for d in dict.fromkeys(devices) if d != DISK]
+        used = [d for d in dict.fromkeys(devices) if d not in (DISK, "meta")]  # "meta" runs nothing
         return for_target.attention_problems_here(
             self.model, self.args.attn_implementation, self.dtype, used, self.offline
         )
