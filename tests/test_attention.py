@@ -120,7 +120,7 @@ def fake_kernels_package(monkeypatch: pytest.MonkeyPatch) -> None:
 def no_kernels_package(monkeypatch: pytest.MonkeyPatch) -> None:
     """No usable kernels (transformers < 5.25 without it), at every boundary nbhw and transformers ask."""
     import transformers.modeling_flash_attention_utils as flash_utils
-    import transformers.modeling_utils as modeling_utils
+    from transformers import modeling_utils
     from transformers.integrations import hub_kernels
     from transformers.utils import import_utils
 
