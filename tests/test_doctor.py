@@ -11,6 +11,8 @@ replaced by one that fails the test.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import importlib.util
 import json
 import os
 import shutil
@@ -25,13 +27,14 @@ from typing import Any
 import jsonschema
 import pytest
 import torch
+from packaging.version import Version
 
 from nbhw.__main__ import main
 from nbhw.core.hardware import cuda_arch, doctor, elf, extensions, package_checks
 from nbhw.core.hardware.detect import detect
-from nbhw.core.hardware.findings import Finding, Gpu, Preflight, System, TorchFacts, Trigger
+from nbhw.core.hardware.findings import Check, Finding, Gpu, Preflight, System, TorchFacts, Trigger
 from nbhw.core.hardware.report import SCHEMA_PATH, report
-from nbhw.core.hf.private_names import PRIVATE_NAMES, resolve
+from nbhw.core.hf.private_names import PRIVATE_NAMES, PrivateName, in_installed_version, resolve
 from tests.dists import BITSANDBYTES, KERNELS, TEST_DISTS
 from tests.fake_binaries import fatbin, write_distribution, write_elf
 from tests.fakes import FakeGpu, FakeHardware
@@ -123,19 +126,28 @@ def bitsandbytes_installed(monkeypatch: pytest.MonkeyPatch) -> Path:
 _KERNELS_MODULES: dict[str, ModuleType] = {}
 
 
+def _pop_kernels_modules() -> dict[str, ModuleType]:
+    return {n: sys.modules.pop(n) for n in [n for n in sys.modules if n == "kernels" or n.startswith("kernels.")]}
+
+
 @pytest.fixture
 def kernels_installed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """The real kernels 0.17.2 wheel on sys.path; after the test it is neither importable nor in sys.modules.
+    """The real kernels 0.17.2 wheel first on sys.path and in sys.modules; after the test, the venv's kernels again.
 
-    Its modules are kept aside rather than imported again: kernels._rust is a PyO3 module, which can be
+    The venv's own kernels (transformers 5.25 requires it) may already be imported (transformers' modeling code
+    imports it): its modules are set aside for the test and put back after, so the test sees 0.17.2 only. The
+    0.17.2 modules are kept aside too rather than imported again: kernels._rust is a PyO3 module, which can be
     initialised once per process.
     """
     folder = installed_dist(KERNELS)
     monkeypatch.syspath_prepend(str(folder))
+    venv_modules = _pop_kernels_modules()
     sys.modules.update(_KERNELS_MODULES)
-    yield folder
-    for name in [n for n in sys.modules if n == "kernels" or n.startswith("kernels.")]:
-        _KERNELS_MODULES[name] = sys.modules.pop(name)
+    try:
+        yield folder
+    finally:
+        _KERNELS_MODULES.update(_pop_kernels_modules())
+        sys.modules.update(venv_modules)
 
 
 def facts(**changes: Any) -> TorchFacts:
@@ -168,7 +180,13 @@ def by_check(result: Preflight) -> dict[str, str]:
 # ---------------------------------------------------------------- this machine
 
 
+CHECKED_PACKAGES = ("bitsandbytes", "flash_attn", "kernels")
+
+
 def test_this_machine_gives_no_finding(tripwires: list[str]) -> None:
+    # transformers 5.25 requires kernels and its modeling code imports it: an earlier test in this process may
+    # have. The checks themselves import none of the packages they check (a fresh process below shows it).
+    imported_before = {n for n in CHECKED_PACKAGES if n in sys.modules}
     result = doctor.doctor()
     assert result.findings == [], result.text()
     assert set(by_check(result).values()) <= {"ok", "skipped"}, result.text()
@@ -176,8 +194,30 @@ def test_this_machine_gives_no_finding(tripwires: list[str]) -> None:
         assert by_check(result)["torch architectures"] == "skipped"
     assert tripwires == [] and not torch.cuda.is_initialized()
     assert "nothing will fail before memory" in result.text()
-    for name in ("bitsandbytes", "flash_attn", "kernels"):
-        assert name not in sys.modules
+    assert {n for n in CHECKED_PACKAGES if n in sys.modules} == imported_before
+    # The installed kernels is the one transformers requires, so it is in transformers' range: checked, no finding.
+    from transformers.utils import import_utils
+
+    kernels = importlib.metadata.version("kernels")
+    low, high = import_utils.KERNELS_MIN_VERSION, import_utils.KERNELS_MAX_VERSION
+    assert next(c for c in result.checks if c.name == "kernels") == Check(
+        "kernels", "ok", f"{kernels} (transformers: >={low},<{high})"
+    )
+
+
+def test_the_checks_import_none_of_the_packages_they_check() -> None:
+    # In a fresh process (this one may have imported transformers, and with it kernels): nbhw.doctor() imports
+    # neither the packages it checks nor transformers, although kernels is installed.
+    script = (
+        "import sys, nbhw\n"
+        "result = nbhw.doctor()\n"
+        f"print(result.findings, sorted(n for n in {(*CHECKED_PACKAGES, 'transformers')!r} if n in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[] []"
+    assert importlib.util.find_spec("kernels") is not None  # installed: the check above is not about its absence
 
 
 def test_this_machine_with_bitsandbytes_gives_no_finding(bitsandbytes_installed: Path, tripwires: list[str]) -> None:
@@ -620,12 +660,16 @@ def test_bitsandbytes_without_a_device_it_supports(
 
 
 def test_kernels_outside_transformers_range(kernels_installed: Path) -> None:
+    from transformers.utils import import_utils
+
+    low, high = import_utils.KERNELS_MIN_VERSION, import_utils.KERNELS_MAX_VERSION  # 0.19.1, 0.20.0 in 5.25
+    assert not Version(low) <= Version("0.17.2") < Version(high)  # the wheel is outside the installed range
     here = doctor.system()
     assert here is not None
     found, _ = package_checks.check_kernels(here)
     finding = next(f for f in found if f.id == "kernels:version-range")
-    assert package_checks.kernels_range() == ("0.18.2", "0.19.0")  # transformers 5.24
-    assert finding.fix == 'pip install "kernels>=0.18.2,<0.19.0"' and "0.17.2" in finding.what
+    assert package_checks.kernels_range() == (low, high)  # read from the source, as transformers has it
+    assert finding.fix == f'pip install "kernels>={low},<{high}"' and "0.17.2" in finding.what
     assert Trigger("use_kernels", "True") in finding.applies_to
     # flash-attn is not installed, so flash_attention_2 would go through kernels (transformers' fallback) too.
     assert Trigger("attn_implementation", "flash_attention_2") in finding.applies_to
@@ -693,6 +737,44 @@ def test_cached_kernel_build_without_code_for_this_gpu(
     assert finding.fix.startswith("do not load kernels-community/flash-attn2 on cuda:0")
     # transformers falls back to this repo for flash_attention_2 when flash-attn is not installed.
     assert Trigger("attn_implementation", "flash_attention_2") in finding.applies_to
+
+
+def test_cached_kernels_resolved_by_the_kernels_transformers_requires(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tripwires: list[str]
+) -> None:
+    # The venv's own kernels (0.19.1 with transformers 5.25), which keeps its resolver in kernels._internals.
+    monkeypatch.setenv("KERNELS_CACHE", str(tmp_path))
+    variants: dict[str, bytes | None] = {"torch29-cxx11-cu128-x86_64-linux": None}
+    _cache_kernel(tmp_path, "kernels-community/activation", variants)
+    here = doctor.system()
+    assert here is not None
+    resolver, where = package_checks.kernels_resolver()
+    assert resolver is not None
+    expected = (
+        "kernels.variants"
+        if Version(importlib.metadata.version("kernels")) < Version("0.19")
+        else "kernels._internals.variants"
+    )
+    assert where == expected and sys.modules["kernels"].__version__ == importlib.metadata.version("kernels")
+    ((finding,), _) = package_checks.check_cached_kernels(here)
+    assert finding.id == "hub-kernel:no-variant"
+    assert any("Torch version (2.9) does not match environment Torch version (2.13)" in e for e in finding.evidence)
+    assert tripwires == []
+
+
+def test_cached_kernels_unknown_where_kernels_has_no_resolver_nbhw_knows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A kernels release that moved its resolver again: nbhw says it cannot tell, not "no build" nor "would load".
+    monkeypatch.setenv("KERNELS_CACHE", str(tmp_path))
+    _cache_kernel(tmp_path, "kernels-community/activation", {"torch29-cxx11-cu128-x86_64-linux": None})
+    moved = PrivateName("kernels._moved_again", "resolve_variants", "x", "call", "9.9", "kernels")
+    monkeypatch.setattr(package_checks, "PRIVATE_NAMES", (moved,))
+    here = doctor.system()
+    assert here is not None
+    found, (check,) = package_checks.check_cached_kernels(here)
+    assert found == [] and check.status == "unknown"
+    assert "kernels._moved_again: ModuleNotFoundError" in check.detail and check.detail.endswith(": unknown")
 
 
 # ---------------------------------------------------------------- where findings show
@@ -824,22 +906,35 @@ def test_the_private_names_of_bitsandbytes_and_kernels_still_exist(
 ) -> None:
     optional = [n for n in PRIVATE_NAMES if n.only in {"bitsandbytes", "kernels"}]
     assert {n.library for n in optional} == {"bitsandbytes", "kernels"}
-    read = [n for n in optional if n.how == "source"]  # the pre-flight checks' names: read, never imported
+    assert importlib.metadata.version("kernels") == "0.17.2"  # the wheel's, not the venv's (0.19.1)
+    # the pre-flight checks' names: read, never imported (those of this release of each library)
+    read = [n for n in optional if n.how == "source" and in_installed_version(n)]
     assert read
     for name in read:
         resolve(name)  # raises, naming it, when an upgrade renamed it
     assert "bitsandbytes" not in sys.modules
     # The training planner's (QLoRA on meta) are called, so checking them imports bitsandbytes: in a child process,
-    # so this one stays a machine without it.
+    # so this one stays a machine without it. The child resolves the names of the releases it finds (kernels 0.17.2
+    # first on its path) and says which.
     called = [n.path for n in optional if n.how != "source"]
     script = (
-        "import sys; from nbhw.core.hf.private_names import PRIVATE_NAMES, resolve\n"
-        "[resolve(n) for n in PRIVATE_NAMES if n.path in sys.argv[1:]]\n"
+        "import sys; from nbhw.core.hf.private_names import PRIVATE_NAMES, in_installed_version, resolve\n"
+        "names = [n for n in PRIVATE_NAMES if n.path in sys.argv[1:] and in_installed_version(n)]\n"
+        "[resolve(n) for n in names]\n"
+        "import kernels; print(kernels.__version__, *sorted(n.path for n in names))\n"
     )
     path = os.pathsep.join([str(bitsandbytes_installed.parent), str(kernels_installed), str(ROOT)])
     done = subprocess.run([sys.executable, "-c", script, *called], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": path}, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
+    version, *checked = done.stdout.split()
+    # kernels < 0.19's resolver (what nbhw's cached-kernel check calls there) was checked, 0.19's place was not.
+    assert version == "0.17.2"
+    assert {
+        f"kernels.variants.{a}" for a in ("get_variants_local", "resolve_variants", "VariantRejected.reason")
+    } <= set(checked)
+    assert not [c for c in checked if c.startswith("kernels._internals.")]
+    assert "bitsandbytes.nn.Params4bit._quantize" in checked
 
 
 # ---------------------------------------------------------------- no driver call on a real CUDA build of torch

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import functools
+import importlib
 import importlib.metadata
 import json
 import os
@@ -28,6 +29,7 @@ from nbhw.core.hardware.extensions import Subject, extension_findings, inspect_e
 from nbhw.core.hardware.findings import Check, Finding, Gpu, System, Trigger
 from nbhw.core.hf import kernel_tables
 from nbhw.core.hf.library_source import library_file
+from nbhw.core.hf.private_names import PRIVATE_NAMES, in_installed_version
 
 CheckResult = tuple[list[Finding], list[Check]]
 
@@ -488,7 +490,35 @@ def _no_variant(here: System, repo: str, reasons: tuple[str, ...], triggers: tup
     )
 
 
-def _one_cached_kernel(here: System, repo: str, snapshot: Path, resolver: Any) -> CheckResult:
+Resolver = tuple[Callable[..., Any], Callable[..., Any]]
+
+
+def kernels_resolver() -> tuple[Resolver | None, str]:
+    """kernels' own (get_variants_local, resolve_variants), and the module they came from; (None, why) if not found.
+
+    The places are the registry's (nbhw.core.hf.private_names): kernels.variants before 0.19,
+    kernels._internals.variants since. The installed release's place is tried first, then the others (the kernels
+    already imported may be another release than the one importlib.metadata finds).
+    """
+    places = [n.module for n in PRIVATE_NAMES if n.only == "kernels" and n.attribute == "resolve_variants"]
+    first = [n.module for n in PRIVATE_NAMES if n.module in places and in_installed_version(n)]
+    failed: list[str] = []
+    for module_name in dict.fromkeys([*first, *places]):
+        try:
+            # lazy: an optional package (a second or so to import), only once a cached kernel is there to resolve
+            module = importlib.import_module(module_name)
+        except Exception as exc:  # kernels' own import code: any failure means "could not tell"
+            failed.append(f"{module_name}: {type(exc).__name__}: {exc}")
+            continue
+        get_variants_local = getattr(module, "get_variants_local", None)
+        resolve_variants = getattr(module, "resolve_variants", None)
+        if callable(get_variants_local) and callable(resolve_variants):
+            return (get_variants_local, resolve_variants), module_name
+        failed.append(f"{module_name} has no get_variants_local / resolve_variants")
+    return None, "; ".join(failed) or "nbhw knows no place of its resolver"
+
+
+def _one_cached_kernel(here: System, repo: str, snapshot: Path, resolver: Resolver) -> CheckResult:
     get_variants_local, resolve_variants = resolver
     variants = get_variants_local(snapshot / "build")
     accepted, trace = resolve_variants(variants)
@@ -513,16 +543,17 @@ def check_cached_kernels(here: System) -> CheckResult:
     repos = cached_kernel_repos(cache)
     if not repos:
         return [], [Check("cached Hub kernels", "skipped", f"none in {cache}")]
-    try:
-        # lazy: an optional package (a second or so to import), only once a cached kernel is there to resolve
-        from kernels.variants import get_variants_local, resolve_variants
-    except ImportError as exc:
-        return [], [Check("cached Hub kernels", "unknown", f"this kernels has no variant resolver ({exc})")]
+    resolver, where = kernels_resolver()
+    if resolver is None:
+        dist = distribution("kernels")
+        version = dist.version if dist is not None else "?"
+        why = f"kernels {version} has no build-variant resolver where nbhw looks ({where}): unknown"
+        return [], [Check("cached Hub kernels", "unknown", why)]
     findings: list[Finding] = []
     checks: list[Check] = []
     for repo, snapshot in repos:
         try:
-            found, looked = _one_cached_kernel(here, repo, snapshot, (get_variants_local, resolve_variants))
+            found, looked = _one_cached_kernel(here, repo, snapshot, resolver)
         except Exception as exc:  # kernels' own code, on a folder it may not understand: "could not tell"
             why = f"kernels could not read its builds: {type(exc).__name__}: {exc}"
             found, looked = [], [Check(repo, "unknown", why)]

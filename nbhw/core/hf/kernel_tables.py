@@ -305,12 +305,20 @@ def model_kernel_layers(model_class: Any) -> list[str]:
 def kernelize_refuses(device_type: str) -> str | None:
     """The error the kernels package's own device check raises when kernelize meets ``device_type`` (None when it
     accepts it). Run, not copied: ``kernels._internals.layer.kernelize._validate_device_type``."""
-    try:
-        from kernels._internals.layer.kernelize import _validate_device_type  # lazy: kernels is heavy
-    except ImportError:
+    import importlib  # lazy: kernels is heavy, and only a plan with use_kernels asks
+
+    check = None
+    for where in ("kernels._internals.layer.kernelize", "kernels.layer.kernelize"):  # kernels >= 0.19, older
+        try:
+            check = getattr(importlib.import_module(where), "_validate_device_type", None)
+        except ImportError:
+            continue
+        if check is not None:
+            break
+    if check is None:
         return None  # no such check in this kernels: transformers' own checks decide
     try:
-        _validate_device_type(device_type)
+        check(device_type)
     except ValueError as exc:
         return str(exc)
     return None

@@ -4,8 +4,9 @@ Each entry says where it lives, what nbhw reads it for, how (an attribute it cal
 function whose source nbhw parses with ``ast``), and the version it was read from. ``tests/test_private_names.py``
 checks that each one still exists in the installed libraries, so an upgrade that renames one fails there, by name,
 rather than somewhere in a plan. A name that exists only in some releases says which (``versions``, a PEP 440
-specifier of its library's versions): the test checks it where that release is installed (the compatibility run's
-floors and newest sets), and nbhw's code that reads it finds it where it is, or says it could not tell.
+specifier of its library's versions): it is checked where such a release is installed (the compatibility run's
+sets for transformers, tests/test_doctor.py's kernels 0.17.2 wheel for kernels < 0.19), and nbhw's code that reads
+it finds it where it is, or says it could not tell.
 """
 
 from __future__ import annotations
@@ -191,6 +192,16 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "read",
         KERNELS_V19,
         "why a build is refused",
+        only="kernels",
+        versions=KERNELS19,
+    ),
+    # kernels: kernelize's own device check, run for a planned device (nbhw.core.hf.kernel_tables)
+    _n(
+        "kernels._internals.layer.kernelize",
+        "_validate_device_type",
+        "call",
+        KERNELS_V19,
+        "the devices kernelize refuses",
         only="kernels",
         versions=KERNELS19,
     ),
