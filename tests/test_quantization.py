@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import ast
 import copy
+import importlib
 import importlib.util
+import inspect
 import json
+import re
 import subprocess
 import sys
 from typing import Any
@@ -36,6 +39,36 @@ def installed(method: str) -> bool:
 @pytest.fixture(scope="module")
 def on_t4(tiny_llama: str) -> Q.QuantizationAdvice:
     return nbhw.quantization(tiny_llama, target="T4", dtype="bfloat16")
+
+
+def kernels_here() -> bool:
+    """transformers' own answer: kernels installed in its accepted range (5.25 requires the package)."""
+    from transformers.utils import is_kernels_available
+
+    return bool(is_kernels_available())
+
+
+def hub_repo(module: str) -> str:
+    """The Hub kernel repository an integration module of the installed transformers loads with get_kernel."""
+    source = inspect.getsource(importlib.import_module(module))
+    m = re.search(r"get_kernel\(\s*[\"']([^\"']+/[^\"']+)[\"']", source)
+    assert m, f"{module} loads no Hub kernel by name"
+    return m.group(1)
+
+
+@pytest.fixture(scope="module")
+def on_t4_without_kernels(tiny_llama: str) -> Q.QuantizationAdvice:
+    """The T4 advice as on a machine where transformers finds no usable kernels package (none, or one outside its
+    accepted range: 5.24's default install): every transformers module's is_kernels_available answers False while
+    the advice is read, and only then."""
+    from transformers.utils import import_utils
+
+    real = import_utils.is_kernels_available
+    with pytest.MonkeyPatch.context() as mp:
+        for module in [m for name, m in list(sys.modules.items()) if name.startswith("transformers")]:
+            if getattr(module, "is_kernels_available", None) is real:
+                mp.setattr(module, "is_kernels_available", lambda *a, **k: False)
+        return nbhw.quantization(tiny_llama, target="T4", dtype="bfloat16")
 
 
 def test_the_test_environment_has_at_least_two_quantization_packages() -> None:
@@ -124,31 +157,66 @@ def test_a_changed_quantizer_changes_the_advice(monkeypatch: pytest.MonkeyPatch)
         ("fbgemm_fp8", Status.WONT, "compute capability >= 9.0"),
         ("nvfp4", Status.WONT, "found sm75"),
         ("metal", Status.WONT, "Apple Silicon"),
+        # read where transformers finds no kernels package (on_t4_without_kernels): the package is named
         ("eetq", Status.PACKAGE, "once the packages are installed"),
+        pytest.param(
+            "eetq",
+            Status.WORKS,
+            "checks pass on 1x T4; the load fetches kernels-community/quantization-eetq from the Hub",
+            marks=pytest.mark.skipif(not kernels_here(), reason="transformers finds no usable kernels package here"),
+        ),
         ("hqq", Status.WONT, "no get_quantize_ops"),
     ],
 )
-def test_t4_gates_come_from_transformers(on_t4: Q.QuantizationAdvice, method: str, status: Status, words: str) -> None:
-    g = on_t4.row(method).target
+def test_t4_gates_come_from_transformers(
+    on_t4: Q.QuantizationAdvice, request: pytest.FixtureRequest, method: str, status: Status, words: str
+) -> None:
+    # A row expected to name a package is read where transformers finds none (5.25 requires kernels, so here
+    # that is its kernels check answering False); every other row as this machine's transformers answers.
+    advice: Q.QuantizationAdvice = (
+        request.getfixturevalue("on_t4_without_kernels") if status is Status.PACKAGE else on_t4
+    )
+    g = advice.row(method).target
     assert g is not None and g.status is status and words in g.why, (g.status, g.why)
 
 
-def test_the_fix_names_the_package_transformers_asks_for(on_t4: Q.QuantizationAdvice) -> None:
-    assert on_t4.row("eetq").shown.fix == "pip install kernels"
+def test_the_fix_names_the_package_transformers_asks_for(
+    on_t4: Q.QuantizationAdvice, on_t4_without_kernels: Q.QuantizationAdvice
+) -> None:
+    assert on_t4_without_kernels.row("eetq").shown.fix == "pip install kernels"
+    assert on_t4.row("eetq").shown.fix == (None if kernels_here() else "pip install kernels")
     assert "pip install gptqmodel" in (on_t4.row("awq").here.fix or "")
     assert on_t4.row("fbgemm_fp8").shown.fix.startswith("a GPU with compute capability >= 9.0")  # type: ignore[union-attr]
 
 
+def test_a_method_whose_check_asks_for_kernels_names_the_hub_kernel_its_load_fetches(
+    on_t4: Q.QuantizationAdvice, on_t4_without_kernels: Q.QuantizationAdvice
+) -> None:
+    repo = hub_repo("transformers.integrations.eetq")  # what the installed transformers' EETQ layers load
+    for advice in (on_t4, on_t4_without_kernels):
+        g = advice.row("eetq").target
+        assert g is not None and g.downloads == [repo] and f"fetches {repo} from the Hub" in g.why, g
+        assert any("known only then" in n for n in g.notes), g.notes  # a build for the T4: not claimed
+    quanto = on_t4.row("quanto").target  # its check asks for no kernels: nothing fetched, nothing said
+    assert quanto is not None and quanto.downloads == [] and "Hub" not in quanto.why
+
+
 def test_the_target_changes_the_verdict_not_the_method_list() -> None:
+    # Where transformers' check passes but for the kernels package: "needs a package" without it, "works" (with the
+    # Hub kernel its load fetches) once it is installed, as transformers 5.25 requires.
+    passes = Status.WORKS if kernels_here() else Status.PACKAGE
     b200 = nbhw.quantization(target="B200").row("nvfp4").target
-    assert b200 is not None and b200.status is Status.PACKAGE  # only the kernels package is missing
+    assert b200 is not None and b200.status is passes, b200  # Blackwell, one CUDA device: the device checks pass
+    assert b200.downloads, b200  # its load fetches a Hub kernel, installed or not: the why says so
     two = nbhw.quantization(target="2x B200").row("nvfp4").target
     assert two is not None and two.status is Status.WONT  # transformers refuses device_map="auto"
     bnb = nbhw.quantization(target="TPU v5e").row("bitsandbytes_4bit").target
     assert bnb is not None and bnb.status is Status.WONT and "no tpu backend" in bnb.why
     assert "bitsandbytes" in bnb.source  # written from bitsandbytes' own device list, and it says so
     metal = nbhw.quantization(target="M3 Max 128GB").row("metal").target
-    assert metal is not None and metal.status is Status.PACKAGE  # MPS passes; the kernels package is to install
+    assert metal is not None and metal.status is passes, metal  # MPS passes
+    here = nbhw.quantization().row("metal").here
+    assert here.status is Status.WONT and "MPS" in here.why  # this machine has no MPS: the same method won't work
 
 
 @pytest.mark.parametrize(

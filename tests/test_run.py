@@ -135,8 +135,19 @@ def test_a_state_space_model_sizes_its_fixed_state(tmp_path: Path) -> None:
     folder = config_only(families.mamba(), tmp_path, "MambaForCausalLM")
     short, long = (nbhw.plan(folder, context=n, device_map="cpu").estimate for n in (50, 200))
     assert short is not None and long is not None and short.run_problem is None
-    assert short.state_bytes == long.state_bytes == short.cache_bytes
+    with quiet():
+        real = transformers.MambaForCausalLM(families.mamba()).eval()
+        truth = real_generate(real, batch=1, prompt=49, new_tokens=2)
+        out = real.generate(input_ids=torch.randint(3, 50, (1, 49)), max_new_tokens=2, return_dict_in_generate=True)
+    # The whole cache is fixed: the same at 50 and 200 tokens, what a real generate() leaves, no keys or values.
+    assert short.cache_bytes == long.cache_bytes == truth.cache_bytes and truth.kv_bytes == 0
+    assert short.state_bytes == long.state_bytes == truth.state_bytes
     assert short.state_bytes is not None and short.state_bytes > 0
+    # Beside its conv / recurrent states a layer holds only scalars, as the installed transformers keeps them
+    # (5.25: a position counter per linear-attention layer; 5.24: none, the cache was the states alone).
+    layers = out.get("cache").layers
+    scalars = [t for layer in layers for t in vars(layer).values() if isinstance(t, torch.Tensor) and t.dim() == 0]
+    assert short.cache_bytes == short.state_bytes + storage_bytes(scalars)
     assert "state" in nbhw.plan(folder, context=50, device_map="cpu").text()
 
 

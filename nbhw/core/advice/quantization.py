@@ -293,7 +293,7 @@ def plan_check(
     """What transformers' checks say, as if on ``target``, about the quantization a plan asks for or the checkpoint's.
 
     (problems, notes): a method that won't work on the target is a problem; one that needs a package installed
-    there, or dequantizes there, is a note.
+    there, dequantizes there, or fetches a Hub kernel at load, is a note.
     """
     where = where_for(catalog_target(target), dtype, device_map)
     if word is not None:
@@ -309,7 +309,7 @@ def plan_check(
     line = f"{what} on the {target.accelerator.name}: {g.status}: {g.why}" + (f" (fix: {g.fix})" if g.fix else "")
     if g.status in {Status.WONT, Status.NOT_CHECKED}:
         return [line], []
-    return [], [line] if g.status is not Status.WORKS else []
+    return [], [line] if g.status is not Status.WORKS or g.downloads else []
 
 
 def here_check(word: str, dtype: str, device_map: Any, rows: list[BackendStatus]) -> list[str]:

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from nbhw.core.advice.quantization_methods import classes, one_line
+from nbhw.core.advice.quantization_methods import classes, hub_kernels, one_line
 from nbhw.core.advice.status import Status
 from nbhw.core.hardware import package_checks, since_start
 from nbhw.core.hf.as_if import AsIf, NotModelled, TargetDevice
@@ -52,6 +52,7 @@ class Gate:
     calls: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     dtype: str | None = None
+    downloads: list[str] = field(default_factory=list)  # the Hub kernels the load fetches (a method asking for kernels)
 
 
 @dataclass
@@ -160,8 +161,28 @@ def gate(key: str, config: Any, where: Where, pre_quantized: bool = False) -> Ga
     g.calls, g.dtype = calls, out.dtype
     if out.dtype_note:
         g.notes.append(out.dtype_note)
+    if any(_pkg(name) == KERNELS for name, _ in run.seen.packages):
+        _hub_download(g, key, where)
     _restart_for_kept_answers(g, kept, assume, bare, where)
     return g
+
+
+KERNELS = "kernels"  # the package transformers loads Hub kernels with (its is_kernels_available check)
+
+
+def _hub_download(g: Gate, key: str, where: Where) -> None:
+    """A method whose check asks for the kernels package fetches a Hub kernel at load: say which, and that whether
+    it has a build for the device is known only then (the checks pass either way; nothing here downloads)."""
+    if g.status not in {Status.WORKS, Status.PACKAGE}:
+        return
+    named = hub_kernels(key)
+    what = ", ".join(named) if named else "a Hub kernel (its name is not a literal in the integration code nbhw reads)"
+    g.downloads = named or [what]
+    g.why += f"; the load {'then ' if g.status is Status.PACKAGE else ''}fetches {what} from the Hub"
+    g.notes.append(
+        f"{what}: downloaded at load by the kernels package (network, or its cache); whether it has a build for "
+        f"{where.device_type} and the torch there is known only then, not from transformers' checks"
+    )
 
 
 def _restart_for_kept_answers(g: Gate, kept: list[str], assume: list[str], bare: bool, where: Where) -> None:

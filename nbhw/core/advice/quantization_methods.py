@@ -9,7 +9,9 @@ that same source, so the code a user gets and the config nbhw checked can't drif
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
+import importlib.util
 import inspect
 import re
 import textwrap
@@ -229,6 +231,82 @@ def one_line(exc: BaseException) -> str:
     """An exception as one line: its type and the start of its message."""
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text[:300]}"
+
+
+# ---------------------------------------------------------------- the Hub kernels a method's load fetches
+
+KERNEL_LOADERS = ("get_kernel", "lazy_load_kernel")  # transformers.integrations.hub_kernels' loaders
+
+
+def hub_kernels(key: str) -> list[str]:
+    """The Hub kernels a method's load fetches, as transformers' code names them, read from the source of the
+    integration modules its quantizer imports (``from ..integrations.X import ...``): ``org/repo`` where a loader
+    takes a repository literal (``get_kernel("kernels-community/quantization-eetq")``), ``'name' (transformers'
+    kernel table)`` where it takes a name (``lazy_load_kernel("nvfp4")``). A name that is not a literal, or a
+    module the quantizer reaches another way, is not listed."""
+    qcls, _ = classes(key)
+    return list(_hub_kernels_of(qcls.__module__))
+
+
+@functools.cache
+def _hub_kernels_of(module_name: str) -> tuple[str, ...]:
+    found: list[str] = []
+    for integration in _integrations_imported(module_name):
+        for name in _kernel_literals(integration):
+            if name not in found:
+                found.append(name)
+    return tuple(found)
+
+
+def _module_tree(module_name: str) -> ast.Module | None:
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    try:
+        with open(spec.origin, encoding="utf-8") as f:
+            return ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def _integrations_imported(module_name: str) -> list[str]:
+    """The ``transformers.integrations.X`` modules a quantizer's module imports by name (without importing any)."""
+    tree = _module_tree(module_name)
+    if tree is None:
+        return []
+    package = module_name.rpartition(".")[0]
+    out: list[str] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom) or not node.module:
+            continue
+        relative = "." * node.level + node.module
+        try:
+            absolute = importlib.util.resolve_name(relative, package) if node.level else node.module
+        except (ImportError, ValueError):
+            continue
+        if absolute.startswith("transformers.integrations.") and absolute not in out:
+            out.append(absolute)
+    return out
+
+
+def _kernel_literals(module_name: str) -> list[str]:
+    tree = _module_tree(module_name)
+    if tree is None:
+        return []
+    out: list[str] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+        first = node.args[0]
+        if name in KERNEL_LOADERS and isinstance(first, ast.Constant) and isinstance(first.value, str):
+            value = first.value
+            out.append(value if "/" in value else f"{value!r} (transformers' kernel table)")
+    return out
 
 
 # ---------------------------------------------------------------- which device calls each quantizer makes

@@ -720,14 +720,22 @@ def _swaps(plan: LoadPlan) -> list[str]:
     if placement is None:
         return ["use_kernels=True needs Hub kernel downloads at load: not checked"]
     cls = meta_build.model_class(plan.config.config, plan.auto_class)
-    kinds = {presence.device_type(v, plan.live.accelerator) for v in placement.device_map.values() if v != DISK}
+    values = [v for v in placement.device_map.values() if v != DISK]
+    kinds = {presence.device_type(v, plan.live.accelerator) for v in values}
     swaps = {kind: kernel_tables.swapped_layers(cls, kind) for kind in sorted(k for k in kinds if k)}
     found = {kind: layers for kind, layers in swaps.items() if layers}
-    if not found:
-        return [f"use_kernels=True: the kernel mapping has no {'/'.join(swaps) or 'device'} kernel for "
-                f"{cls.__name__}'s layers: nothing is swapped or downloaded"]  # fmt: skip
-    each = "; ".join(f"{', '.join(layers)} on {kind}" for kind, layers in found.items())
-    return [f"use_kernels=True swaps {each}: Hub kernel downloads at load, not checked"]
+    out = []
+    if None in kinds:  # a bare index, and no accelerator here to say which backend it means
+        bare = ", ".join(str(v) for v in dict.fromkeys(v for v in values if isinstance(v, int)))
+        out.append(f"use_kernels=True: what is swapped on device {bare} is unknown here (no accelerator says which "
+                   "backend a bare index means); Hub kernel downloads at load, not checked")  # fmt: skip
+    if found:
+        each = "; ".join(f"{', '.join(layers)} on {kind}" for kind, layers in found.items())
+        out.append(f"use_kernels=True swaps {each}: Hub kernel downloads at load, not checked")
+    elif swaps:
+        out.append(f"use_kernels=True: the kernel mapping has no {'/'.join(swaps)} kernel for {cls.__name__}'s "
+                   "layers: nothing is swapped or downloaded")  # fmt: skip
+    return out
 
 
 def _pinned_title(plan: LoadPlan) -> str:
