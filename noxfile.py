@@ -64,6 +64,9 @@ def compat(session: nox.Session, libraries: str) -> None:
     session.install("-c", "scripts/constraints.txt", "-e", ".[test]")
     if libraries != "pinned":
         session.install(*SETS[libraries])
+    dists = ROOT / ".venv" / "nbhw-test-dists"  # the wheels scripts/setup.sh test sets up beside its venv
+    if dists.is_dir():
+        session.env["NBHW_TEST_DISTS"] = str(dists)
     session.run("python", "-c", _VERSIONS)
     session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", *TESTS, *session.posargs)
 
