@@ -142,3 +142,50 @@ def test_plan_check_and_the_attention_advice_give_one_answer_here(attn: str) -> 
         assert row.checked and row.error and row.error in problems[0]
     with pytest.raises((ImportError, ValueError, OSError)):
         transformers.AutoModelForCausalLM.from_pretrained(TINY, device_map="cpu", attn_implementation=attn)
+
+
+LITERAL_BUILDER = '''
+def _build_kernel_mapping():
+    """The mapping."""
+    _KERNEL_MAPPING = {
+        "RMSNorm": {"cuda": LayerRepository(repo_id="kernels-community/liger_kernels", layer_name="LigerRMSNorm")},
+    }
+    return _KERNEL_MAPPING
+'''
+LOOP_BUILDER = """
+def _build_kernel_mapping():
+    _KERNEL_MAPPING = {"Esm": {"cuda": LayerRepository(repo_id="biohub/esm", layer_name="Esm")}}
+    for name in ("SiLU", "GeLU"):
+        _KERNEL_MAPPING[name] = {"cuda": LayerRepository(repo_id="kernels-community/activation", layer_name=name)}
+    return _KERNEL_MAPPING
+"""
+
+
+@pytest.mark.parametrize(("source", "read"), [(LITERAL_BUILDER, True), (LOOP_BUILDER, False)])
+def test_a_kernel_mapping_built_in_code_reads_as_unknown_not_as_its_literal(
+    tmp_path: Any, source: str, read: bool
+) -> None:
+    # transformers 5.25 builds most of the mapping in loops: the literal alone held 3 of its 64 entries, and nbhw
+    # said "nothing would be swapped" on a GPU. Where it can't run the builder, nbhw now says unknown.
+    path = tmp_path / "hub_kernels.py"
+    path.write_text("if is_kernels_available():\n" + textwrap.indent(source, "    "))
+    mapping = kernel_tables._read_mapping(str(path), 0.0)
+    if read:
+        assert mapping.problem is None
+        assert [(e.layer, e.device, e.repos) for e in mapping.entries] == [
+            ("RMSNorm", "cuda", ["kernels-community/liger_kernels:LigerRMSNorm"])
+        ]
+    else:
+        assert mapping.entries == [] and mapping.problem is not None and "unknown" in mapping.problem
+
+
+def test_the_installed_mapping_is_transformers_own() -> None:
+    from transformers.integrations import hub_kernels
+
+    mapping = kernel_tables.default_mapping()
+    builder = getattr(hub_kernels, "get_kernel_mapping_transformers", None)
+    if builder is None:  # kernels unusable: the builder isn't defined, and the source is read
+        assert "(run)" not in mapping.source
+        return
+    assert mapping.problem is None and "(run)" in mapping.source
+    assert {e.layer for e in mapping.entries} == set(builder())
