@@ -17,6 +17,32 @@ from tests.fakes import FakeHardware
 _OWN_HOME = pytest.StashKey[str]()
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--cpu-bf16", choices=("real", "with", "without"), default="real",
+        help="run as on a CPU with or without native bf16 (AVX512-BF16 / AMX), faked at nbhw's CPU-flags probe in the "
+        "test processes (child processes and kernels see the real CPU); default: this machine's",
+    )  # fmt: skip
+
+
+@pytest.fixture(autouse=True, scope="session")
+def cpu_bf16(request: pytest.FixtureRequest) -> Iterator[str]:
+    """``--cpu-bf16``: this CPU's bf16 flags as the run asks (the real ones by default)."""
+    wanted = request.config.getoption("--cpu-bf16")
+    if wanted == "real":
+        yield wanted
+        return
+    from nbhw.core.hardware import probes
+
+    real = probes._cpu_flags
+    bf16 = {"avx512_bf16", "amx_bf16"}
+    probes._cpu_flags = (lambda: real() | bf16) if wanted == "with" else (lambda: real() - bf16)  # type: ignore[assignment]
+    try:
+        yield wanted
+    finally:
+        probes._cpu_flags = real  # type: ignore[assignment]
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Keep nbhw's files (the tiny model) out of the user's home: one temporary NBHW_HOME per run.
 

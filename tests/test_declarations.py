@@ -62,7 +62,7 @@ def options_of(top: commands.Parser, command: str) -> dict[str, argparse.Action]
 
 
 def declared_words(arguments: tuple[Argument, ...]) -> set[str]:
-    return {w for a in arguments for w in ((a.name,) if a.positional else a.options)}
+    return {w for a in arguments for w in ((a.name,) if a.positional else (*a.options, *a.negations))}
 
 
 @pytest.mark.parametrize("surface", ["magic", "cli"])

@@ -68,7 +68,7 @@ def test_a_changed_from_pretrained_gives_unknown_not_a_guess(body: str, said: st
 
 
 def test_a_plan_on_an_unknown_default_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    unknown = kernel_tables.KernelsDefault(None, "from_pretrained no longer pops use_kernels")
+    unknown = kernel_tables.KernelsDefault(None, "the load no longer pops use_kernels")
     monkeypatch.setattr(kernel_tables, "kernels_default", lambda: unknown)
     plan = nbhw.plan(TINY, device_map="cpu")
     assert plan.use_kernels is None

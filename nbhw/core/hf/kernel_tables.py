@@ -411,18 +411,18 @@ def kernels_default_in(source: str) -> KernelsDefault:
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:
-        return KernelsDefault(None, f"from_pretrained's source could not be parsed: {exc}")
+        return KernelsDefault(None, f"the load's source could not be parsed: {exc}")
     found, popped = _popped_default(tree)
     if not found:
-        return KernelsDefault(None, "from_pretrained no longer pops use_kernels from its keywords as nbhw knows")
+        return KernelsDefault(None, "the load no longer pops use_kernels from its keywords as nbhw knows")
     branch, becomes = _none_becomes(tree)
     if popped is None and branch and isinstance(becomes, bool):
         gated = _gated(tree)
         switch = " unless the USE_HUB_KERNELS environment variable turns Hub kernels off" if gated else ""
-        return KernelsDefault(becomes, f"from_pretrained turns use_kernels=None into {becomes}{switch}", gated)
+        return KernelsDefault(becomes, f"transformers turns use_kernels=None into {becomes} at load{switch}", gated)
     if isinstance(popped, bool) and not branch:
-        return KernelsDefault(popped, f"from_pretrained's default is use_kernels={popped}")
-    return KernelsDefault(None, f"from_pretrained's use_kernels default is {popped!r}, then decided in a way nbhw "
+        return KernelsDefault(popped, f"transformers' load defaults to use_kernels={popped}")
+    return KernelsDefault(None, f"the load's use_kernels default is {popped!r}, then decided in a way nbhw "
                                 "can't read")  # fmt: skip
 
 
