@@ -27,6 +27,7 @@ from nbhw.core.fit.result import SearchResult
 from nbhw.core.fit.train_search import TrainFitResult, fit_training
 from nbhw.core.hardware.targets import MAX_COUNT, Target
 from nbhw.core.hf import meta_build
+from nbhw.core.plan import for_target
 from nbhw.core.plan.arguments import DISK, PLAN_ARGUMENTS, MemoryKey, plan_args
 from nbhw.core.plan.load_plan import LoadPlan, plan
 from nbhw.core.plan.placement import is_accelerator
@@ -424,7 +425,7 @@ def fit(model: str | Path | None = None, *, offline: bool = False, **values: Any
     rest = {k: v for k, v in values.items() if k not in own}
     # Quiet once for the whole search: each plan's own quiet() is then nearly free (setting a logger's level
     # clears the cache of every logger transformers made: measured, a third of a search of small models).
-    with meta_build.quiet():
+    with meta_build.quiet(), for_target.rows_kept():  # and each attention answer once per search
         if args.task == "train":
             chosen = {"method": args.method} if args.method is not None else {}
             return fit_training(model if model is None else str(model), args, {**rest, **chosen}, offline=offline)

@@ -11,7 +11,10 @@ devices unused.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import re
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -44,11 +47,37 @@ def attention_problems_here(model: str, attn: str | None, dtype: str, devices: l
     return [p for device in devices for p in advised_problems(model, attn, dtype, offline, device, device=device)]
 
 
+# Within rows_kept() (one fit search), the answers by their arguments: every option of a search asks the same few.
+_KEPT: contextvars.ContextVar[dict[tuple[Any, ...], list[str]] | None] = contextvars.ContextVar(
+    "nbhw_attention_rows", default=None
+)
+
+
+@contextlib.contextmanager
+def rows_kept() -> Iterator[None]:
+    """Within the block, each attention answer is worked out once (the hardware doesn't change under a search)."""
+    token = _KEPT.set({})
+    try:
+        yield
+    finally:
+        _KEPT.reset(token)
+
+
 def advised_problems(model: str, attn: str | None, dtype: str, offline: bool, where: str, **hardware: str) -> list[str]:
     """The attention advice's row for ``attn`` (on ``target=`` or ``device=``), as a problem when it won't work."""
     if not device_dependent(attn):
         return []
     assert attn is not None
+    kept = _KEPT.get()
+    if kept is None:
+        return _advised(model, attn, dtype=dtype, offline=offline, where=where, hardware=hardware)
+    key = (model, attn, dtype, offline, where, tuple(sorted(hardware.items())))
+    if key not in kept:
+        kept[key] = _advised(model, attn, dtype=dtype, offline=offline, where=where, hardware=hardware)
+    return list(kept[key])
+
+
+def _advised(model: str, attn: str, *, dtype: str, offline: bool, where: str, hardware: dict[str, str]) -> list[str]:
     kernel = attn if meta_build.is_hub_kernel(attn) else None
     row = row_for(attn, model, dtype=dtype, kernel=kernel, offline=offline, **hardware)
     if row.status is Status.WONT:
