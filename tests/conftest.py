@@ -9,6 +9,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -107,6 +108,18 @@ def fresh_ip(ip: object) -> Iterator[object]:
     yield ip
     _forget_the_session(ip)
     gc.collect()
+
+
+@pytest.fixture
+def session(ip: Any) -> Iterator[Any]:
+    """The shell with nbhw loaded and no models or origins from an earlier test (nor left for a later one)."""
+    from nbhw.core.measured import origins
+
+    ip.run_line_magic("load_ext", "nbhw")
+    origins.forget()
+    yield ip
+    ip.run_cell("model = tokenizer = inputs = outputs = None")
+    origins.forget()
 
 
 @pytest.fixture(autouse=True)

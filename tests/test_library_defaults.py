@@ -18,7 +18,6 @@ import nbhw
 from nbhw.core.advice.status import Status
 from nbhw.core.hf import kernel_tables, meta_build
 from nbhw.core.hf.tiny_model import tiny_model_path
-from nbhw.core.measured import origins
 
 TINY = str(tiny_model_path())
 
@@ -89,15 +88,6 @@ def test_the_default_nbhw_reads_is_the_one_from_pretrained_applies(
     assert default.value is not None and default.value == model.use_kernels
     plan = nbhw.plan(TINY, device_map="cpu")
     assert plan.use_kernels == model.use_kernels and "use_kernels" not in plan.code
-
-
-@pytest.fixture
-def session(ip: Any) -> Any:
-    ip.run_line_magic("load_ext", "nbhw")
-    origins.forget()
-    yield ip
-    ip.run_cell("model = tokenizer = inputs = outputs = None")
-    origins.forget()
 
 
 @pytest.mark.parametrize("use_kernels", [None, False, True])

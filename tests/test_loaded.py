@@ -17,7 +17,6 @@ import transformers
 
 import nbhw
 from nbhw.core.hf.tiny_model import tiny_model_path
-from nbhw.core.measured import origins
 from nbhw.core.measured.against_plan import plan_at
 from nbhw.core.measured.loaded import kernel_swaps
 from nbhw.core.measured.report import Entry
@@ -64,16 +63,6 @@ def run(shell: Any, code: str) -> Any:
 
 def entry(variable: str = "model") -> Entry:
     return nbhw.loaded()[variable]
-
-
-@pytest.fixture
-def session(ip: Any) -> Any:
-    """The shell with nbhw loaded and no models or origins from an earlier test."""
-    ip.run_line_magic("load_ext", "nbhw")
-    origins.forget()
-    yield ip
-    ip.run_cell("model = tokenizer = inputs = outputs = None")
-    origins.forget()
 
 
 def tokenizer_into(folder: Path) -> None:

@@ -16,7 +16,6 @@ from IPython.core.error import UsageError
 
 import nbhw
 from nbhw.core.errors import UserError
-from nbhw.core.measured import origins
 from nbhw.core.plan.pinned import MOST_BYTES, read_pin
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,15 +25,6 @@ def run(shell: Any, code: str) -> Any:
     result = shell.run_cell(code, store_history=True)
     result.raise_error()
     return result
-
-
-@pytest.fixture
-def session(ip: Any) -> Any:
-    ip.run_line_magic("load_ext", "nbhw")
-    origins.forget()
-    yield ip
-    ip.run_cell("model = tokenizer = inputs = outputs = None")
-    origins.forget()
 
 
 @pytest.fixture
