@@ -673,8 +673,9 @@ def plan_notes(plan: LoadPlan, *, run: bool = True) -> list[str]:
     out += plan.arguments.omitted
     out += [n for n in [_dtype_note(plan)] if n]
     attn = plan.args.attn_implementation
-    refused = any(p.startswith(f"attn_implementation={attn!r}") for p in plan.check())
-    if attn is not None and plan.build is None and plan.config.available and not plan._attn_on_target and not refused:
+    unbuilt = attn is not None and plan.build is None and plan.config.available and not plan._attn_on_target
+    # check() only where the note could be said: notes are read before a dry run too (the Load tab's first stage).
+    if unbuilt and not any(p.startswith(f"attn_implementation={attn!r}") for p in plan.check()):
         out.append(f"attn_implementation={attn!r} needs a Hub kernel download at load: not checked")
     out += kernels_notes(plan)
     if plan.args.device_map == "meta":
