@@ -236,7 +236,7 @@ def _describe(t: Target) -> str:
     return f"{where}; {', '.join(dtypes) or 'no half-precision flags'}"
 
 
-def _silent(env: Env, adv_default: DefaultAttention) -> list[str]:
+def _silent(env: Env, adv_default: DefaultAttention, kernels: kernel_tables.KernelsDefault) -> list[str]:
     low, high = env.kernels_range
     fallbacks = ", ".join(f"{k} -> {v}" for k, v in env.fallback.items())
     here = "kernels is usable here" if env.kernels_ok else "not here: " + env.kernels_why
@@ -245,12 +245,11 @@ def _silent(env: Env, adv_default: DefaultAttention) -> list[str]:
         f"flash_attention_N without its package, but with kernels>={low},<{high}, silently downloads a Hub "
         f"kernel at load ({fallbacks}); {here}",
         f"Hub kernels outside {kernel_tables.TRUSTED_ORG}/ load only with from_pretrained(..., allow_all_kernels=True)",
-        *_kernels_default_line(),
+        *_kernels_default_line(kernels),
     ]
 
 
-def _kernels_default_line() -> list[str]:
-    default = kernel_tables.kernels_default()
+def _kernels_default_line(default: kernel_tables.KernelsDefault) -> list[str]:
     if default.value is None:
         return [f"what from_pretrained does without use_kernels is unknown: {default.why}"]
     if not default.value:
@@ -275,6 +274,7 @@ def advise(model: str | None = None, *, offline: bool = False, **arguments: Any)
     target, facts, chosen, wanted = env.target, env.model, env.dtype, asked.dtype
     rows = [check(key, kind, env) for key, kind in keys_and_kinds(env, asked.kernel)]
     default = _default(env)
+    kernels = _kernels_advice(env, model or "MODEL")
     return AttentionAdvice(
         model=model,
         model_source=facts.source,
@@ -289,10 +289,10 @@ def advise(model: str | None = None, *, offline: bool = False, **arguments: Any)
         dtype_given=wanted is not None,
         default=default,
         rows=rows,
-        kernels=_kernels_advice(env, model or "MODEL"),
+        kernels=kernels,
         precision=advice,
         notes=_notes(env),
-        silent=_silent(env, default),
+        silent=_silent(env, default, kernels.default),
         transformers=str(transformers.__version__),
         target=target.catalog.text if target.catalog else None,
         not_here=target.catalog.not_here if target.catalog else None,
