@@ -117,6 +117,8 @@ class _Lean:
         super().__init__()
         self.devices = list(devices)
         self.totals = [0] * len(self.devices)
+        self.largest = [0] * len(self.devices)  # per device, the largest block the run made (the allocator's margin)
+        self._outside = False  # counting tensors made outside the run (weights, inputs): not the run's blocks
         self.timeline: list[tuple[int, ...]] = []
         self.now = 0  # index of the device new storages are counted on
         self.max_ops = max_ops
@@ -127,6 +129,7 @@ class _Lean:
         if device not in self.devices:
             self.devices.append(device)
             self.totals.append(0)
+            self.largest.append(0)
         return self.devices.index(device)
 
     @property
@@ -136,11 +139,11 @@ class _Lean:
 
     def track_on(self, device: Hashable, *objects: Any) -> None:
         """Count tensors or a module's parameters and buffers made outside the run (weights, inputs) on ``device``."""
-        before, self.now = self.now, self.index(device)
+        before, self.now, self._outside = self.now, self.index(device), True
         try:
             self.track_external(*objects)
         finally:
-            self.now = before
+            self.now, self._outside = before, False
 
     def device_of(self, tensor: Any) -> Hashable | None:
         """The device a tracked tensor's storage is counted on (None when it is not tracked)."""
@@ -154,7 +157,10 @@ class _Lean:
         # every update; only the total of each planned device is used.
         t = _torch()
         if u_type is t.add:
-            self.totals[self._where.setdefault(id(winfo), self.now)] += winfo.mem_consumed
+            index = self._where.setdefault(id(winfo), self.now)
+            self.totals[index] += winfo.mem_consumed
+            if not self._outside and winfo.mem_consumed > self.largest[index]:
+                self.largest[index] = winfo.mem_consumed
         elif u_type is t.delete:
             self.totals[self._where.pop(id(winfo), self.now)] -= winfo.mem_consumed
         elif u_type is t.resized and old_mem_consumed is not None:

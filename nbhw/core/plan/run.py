@@ -104,6 +104,7 @@ class DeviceRun:
     cache_bytes: int  # right after the prefill
     cache_decode_bytes: int  # after the decode step that reaches the context
     peak_bytes: int  # the device's highest total over the prefill and the decode step
+    largest_block_bytes: int = 0  # the largest block the run made on it (what the allocator's margin is sized by)
 
     @property
     def held_cache_bytes(self) -> int:
@@ -554,7 +555,8 @@ class _DryRun:
         for i, device in enumerate(track.devices):
             peak = max(top[i], weights[i])
             if peak or cache_on.get(device) or weights[i]:
-                out[device] = DeviceRun(weights[i], cache_on.get(device, 0), decode_on.get(device, 0), peak)
+                cache, decode = cache_on.get(device, 0), decode_on.get(device, 0)
+                out[device] = DeviceRun(weights[i], cache, decode, peak, track.largest[i])
         return out
 
     def _result(self, found: dict[str, Any], kernels: dict[str, int], started: float) -> _Run:
