@@ -44,6 +44,7 @@ class DeviceShare:
     activation_bytes: int | None = None
     reserve_bytes: int | None = None
     peak_bytes: int | None = None
+    margin_bytes: int | None = None  # what the device's allocator needs left free (nbhw.core.plan.headroom)
 
     @property
     def needed_bytes(self) -> int | None:
@@ -56,13 +57,20 @@ class DeviceShare:
         needed = self.needed_bytes
         return None if needed is None or self.budget is None else needed - self.budget
 
+    @property
+    def headroom_bytes(self) -> int | None:
+        """What the budget has left at the run's peak (negative: over); None when either is unknown."""
+        over = self.over_bytes
+        return None if over is None else -over
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data."""
         return {
             "device": self.device, "key": self.key, "modules": self.modules, "bytes": self.bytes,
             "budget": self.budget, "layers": self.layers, "cache_bytes": self.cache_bytes,
             "activation_bytes": self.activation_bytes, "reserve_bytes": self.reserve_bytes,
-            "peak_bytes": self.peak_bytes, "needed_bytes": self.needed_bytes,
+            "peak_bytes": self.peak_bytes, "needed_bytes": self.needed_bytes, "headroom_bytes": self.headroom_bytes,
+            "margin_bytes": self.margin_bytes,
         }  # fmt: skip
 
 
@@ -89,7 +97,7 @@ class Placement:
     kind: str
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    run_kind: str | None = None  # fits, fits_shorter, does_not_fit, not_covered; None: weights only
+    run_kind: str | None = None  # fits, tight, fits_shorter, does_not_fit, not_covered; None: weights only
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data."""
