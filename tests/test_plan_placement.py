@@ -8,13 +8,15 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, LlamaConfig
 from transformers import modeling_utils as hf_modeling
 
 import nbhw
+from nbhw.core import render
 from nbhw.core.hf import meta_build
 from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.core.plan import placement
+from tests import families, published
 from tests.fakes import GIB, FakeGpu, FakeHardware
 
 BUDGETS: list[dict[Any, str]] = [
@@ -30,7 +32,9 @@ BUDGETS: list[dict[Any, str]] = [
 ]
 
 
-def transformers_device_map(monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> dict[str, Any]:
+def transformers_device_map(
+    monkeypatch: pytest.MonkeyPatch, model: str | None = None, auto: Any = AutoModelForCausalLM, **kwargs: Any
+) -> dict[str, Any]:
     """What from_pretrained itself computes (it may then fail to dispatch to GPUs this machine lacks)."""
     seen: list[dict[str, Any]] = []
     real = hf_modeling._get_device_map
@@ -44,7 +48,7 @@ def transformers_device_map(monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> d
     failure = ""
     try:
         with meta_build.quiet():
-            AutoModelForCausalLM.from_pretrained(str(tiny_model_path()), **kwargs)
+            auto.from_pretrained(model or str(tiny_model_path()), **kwargs)
     except RuntimeError as exc:
         failure = str(exc)
     monkeypatch.undo()
@@ -153,3 +157,57 @@ def test_an_explicit_device_too_small_for_the_weights_is_a_problem(fake_hw: Fake
     assert plan.placement is not None and plan.placement.kind == "too_big"
     assert plan.placement.verdict == "does not fit: cuda:0 needs 131.4 GiB for the weights, 78.0 GiB free"
     assert plan.check() == ["cuda:0 needs 131.4 GiB for the weights, 78.0 GiB free: loading would run out of memory"]
+
+
+T5_BUDGET: dict[Any, str] = {0: "320KB", "cpu": "1GB"}  # the tiny T5 fits in float16, not with wo in float32
+
+
+@pytest.fixture(scope="module")
+def t5_folder(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny T5 checkpoint: in float16 from_pretrained keeps every `wo` in float32 (its dtype plan)."""
+    folder = tmp_path_factory.mktemp("t5")
+    torch.manual_seed(0)
+    with meta_build.quiet():
+        AutoModelForSeq2SeqLM.from_config(families.t5_unequal()).save_pretrained(folder)
+    return str(folder)
+
+
+def test_a_model_with_a_dtype_plan_is_mapped_as_transformers_maps_it(
+    monkeypatch: pytest.MonkeyPatch, t5_folder: str
+) -> None:
+    theirs = transformers_device_map(
+        monkeypatch, t5_folder, AutoModelForSeq2SeqLM, device_map="auto", dtype=torch.float16,
+        max_memory=copy.deepcopy(T5_BUDGET),
+    )  # fmt: skip
+    plan = nbhw.plan(t5_folder, dtype="float16", device_map="auto", max_memory=T5_BUDGET)
+    shown = plan.weight_placement
+    assert shown is not None and shown.device_map == theirs == {"": 0}
+    # The weights as they load, wo in float32, where transformers put them: over GPU 0's budget, and why.
+    with meta_build.quiet():
+        loaded = AutoModelForSeq2SeqLM.from_pretrained(t5_folder, dtype=torch.float16)
+    real = sum(t.nbytes for t in [*loaded.parameters(), *loaded.buffers()])
+    assert [(d.device, d.bytes) for d in shown.devices] == [("accelerator 0", real)]
+    assert shown.kind == "too_big" and shown.verdict.startswith("does not fit: accelerator 0 needs ")
+    more = real - sum(p.numel() * 2 for p in loaded.parameters()) - sum(b.nbytes for b in loaded.buffers())
+    assert more > 0 and shown.notes == [
+        f"transformers maps before keeping wo in float32; accelerator 0 gets {render.size(more)} more than the map "
+        "assumed"
+    ]
+    assert plan.placement is not None and plan.placement.device_map == theirs
+
+
+def test_t5_11b_in_float16_on_24_gib_is_all_on_the_gpu_and_over_its_budget(tmp_path: Path) -> None:
+    """Not "offloads 6 of 48 layers": transformers sizes every wo in float16 when it maps, so all 27 GiB go to GPU 0."""
+    budget: dict[Any, str] = {0: "24GiB", "cpu": "200GiB"}
+    plan = nbhw.plan(published.folder("T5-11B", tmp_path), dtype="float16", device_map="auto", max_memory=budget)
+    shown = plan.weight_placement
+    from transformers.integrations.accelerate import _get_device_map
+
+    with torch.device("meta"), meta_build.quiet():
+        model = AutoModelForSeq2SeqLM.from_config(published.config("T5-11B"), dtype=torch.float16)
+        theirs = dict(_get_device_map(model, "auto", copy.deepcopy(budget), None))
+    assert shown is not None and shown.device_map == theirs == {"": 0}
+    assert shown.verdict == "does not fit: accelerator 0 needs 27.1 GiB for the weights, 24.0 GiB free"
+    assert shown.notes == [
+        "transformers maps before keeping wo in float32; accelerator 0 gets 6.0 GiB more than the map assumed"
+    ]

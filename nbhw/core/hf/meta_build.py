@@ -228,3 +228,18 @@ def build(
     except Exception as exc:
         return MetaBuild(None, " ".join(str(exc).split()), type(exc).__name__)
     return MetaBuild(model)
+
+
+def before_dtype_plan(model: Any) -> Any:
+    """``model``'s class and config built again on meta in its dtype, as ``from_pretrained`` holds it before applying
+    its dtype plan (the modules kept in float32 are still in the load dtype): the model transformers sizes for
+    device_map="auto". ``model`` itself when that plan is empty."""
+    import copy
+
+    import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
+
+    dtype = getattr(model.config, "dtype", None)
+    if not isinstance(dtype, torch.dtype) or not model._get_dtype_plan(dtype):
+        return model
+    with quiet(), forced_offline(), torch.device("meta"):  # the config keeps the attention that was accepted
+        return type(model)._from_config(copy.deepcopy(model.config), dtype=dtype)

@@ -234,6 +234,29 @@ def _shares(
     return list(shares.values()), len(layers)
 
 
+def dtype_plan_notes(model: Any, assumed: list[DeviceShare], placed: list[DeviceShare]) -> list[str]:
+    """What the dtype plan adds to each device after transformers mapped the model without it (from_pretrained
+    computes the device_map before it keeps, e.g., T5's ``wo`` in float32): the bytes its map did not count."""
+    plan = model._get_dtype_plan(model.config.dtype)
+    kept = ", ".join(
+        f"{' and '.join(sorted(names))} in {str(dtype).removeprefix('torch.')}"
+        for dtype, names in _by_dtype(plan).items()
+    )
+    before = {s.key: s.bytes for s in assumed}
+    more = [(s.device, s.bytes - before.get(s.key, 0)) for s in placed if s.bytes > before.get(s.key, 0)]
+    return [
+        f"transformers maps before keeping {kept}; {device} gets {render.size(extra)} more than the map assumed"
+        for device, extra in more
+    ]
+
+
+def _by_dtype(plan: dict[str, Any]) -> dict[Any, list[str]]:
+    found: dict[Any, list[str]] = {}
+    for name, dtype in plan.items():
+        found.setdefault(dtype, []).append(name)
+    return found
+
+
 def is_accelerator(key: int | str) -> bool:
     """Whether a device_map value runs layers (an accelerator), rather than holding them (cpu, disk, meta)."""
     return isinstance(key, int) or str(key) not in {"cpu", DISK, "meta"}
@@ -293,9 +316,11 @@ def place(
         "the max_memory you gave" if user_budget is not None else live.source if live else "this machine's free memory"
     )
     notes = list(live.notes) if live is not None and user_budget is None else []
+    mapped = model
     if strategy is not None:
         try:
-            device_map = computed_map(model, strategy, args.max_memory, quantizer, live_budget)
+            mapped = meta_build.before_dtype_plan(model)
+            device_map = computed_map(mapped, strategy, args.max_memory, quantizer, live_budget)
         except Exception as exc:
             why = f"transformers could not place it: {type(exc).__name__}: {' '.join(str(exc).split())}"
             return Placement(
@@ -308,6 +333,8 @@ def place(
     else:
         device_map = {"": args.device_map}
     shares, total_layers = _shares(model, device_map, quantizer, accelerator)
+    if mapped is not model:
+        notes += dtype_plan_notes(model, _shares(mapped, device_map, quantizer, accelerator)[0], shares)
     over = _too_big(shares, budget, accelerator)
     text, kind = verdict(shares, budget, total_layers)
     if over:
