@@ -88,9 +88,9 @@ def expected_reason(p: LoadPlan, problems: list[str], where: int | None, stage: 
 
 def brute_force(
     folder: str, pinned: dict[str, Any], base: LoadPlan
-) -> list[tuple[Any, LoadPlan, list[str], int | None, bool]]:
+) -> list[tuple[Any, LoadPlan, list[str], int | None, bool, bool]]:
     """Every option planned (the plans are the kept ones the solver shares), each judged by its own check(), its
-    weights-only placement and its run."""
+    weights-only placement, its run and whether that run is tight (less room than the allocator needs)."""
     budget = base.args.max_memory_bytes
     has_acc = any(isinstance(k, int) for k in budget or {})
     every = options(base.checkpoint_dtype, pinned, has_budget=has_acc)
@@ -102,7 +102,7 @@ def brute_force(
             problems = [x for x in p.check() if x not in p.absent_devices]
             where = WHERE_OF_KIND.get(p.weight_placement.kind) if p.weight_placement else None
             fits = not problems and where is not None and bool(p.run_fits)
-            found.append((option, p, problems, where, fits))
+            found.append((option, p, problems, where, fits, bool(fits and p.run_tight)))
     return found
 
 
@@ -134,7 +134,8 @@ def test_solver_equals_brute_force_on_the_grid(folders: dict[str, str]) -> None:
         result = nbhw.fit(folders[model], **pinned)
         base = result.search.base
         planned = brute_force(folders[model], dict(result.search.pinned), base)
-        ranked = [(where, index) for index, (_, _, _, where, fits) in enumerate(planned) if fits]
+        # the best stage, then room for the allocator over tight, then the documented order
+        ranked = [(where, tight, index) for index, (_, _, _, where, fits, tight) in enumerate(planned) if fits]
         label = f"{model} / {budget_name} / {context}"
         print(label, result.headline(), f"{result.seconds:.2f} s", flush=True)
         if not ranked:
@@ -142,13 +143,13 @@ def test_solver_equals_brute_force_on_the_grid(folders: dict[str, str]) -> None:
             assert all(r.why in ("refused", "placed", "run") for r in result.rejected)
             nothing += 1
         else:
-            where, index = min(ranked)
+            where, _, index = min(ranked)
             assert result.option == planned[index][0], label
             assert result.answer is not None and result.answer.where == where, label
             answered += 1
         for r in result.rejected:
             index = result.search.options.index(r.option)
-            _, own, problems, where, _ = planned[index]
+            _, own, problems, where, _, _ = planned[index]
             assert r.reason == expected_reason(own, problems, where, r.stage), (label, r.option)
     assert answered and nothing, (answered, nothing)
 
@@ -174,12 +175,14 @@ def test_quantization_is_searched_in_the_documented_order() -> None:
 
 
 def _need(folder: str, context: int, quantization: str | None) -> int | None:
-    """What the run needs on one device with this quantization; None when its plan is refused here."""
+    """What the run needs on one device with this quantization, with room for its allocator; None when its plan is
+    refused here."""
     p = nbhw.plan(folder, device_map=0, max_memory={0: 2**40}, context=context, reserve=0, quantization=quantization)
     with quiet():
         if [x for x in p.check() if x not in p.absent_devices] or p.placement is None:
             return None
-        return int(p.placement.devices[0].needed_bytes)
+        share = p.placement.devices[0]
+        return int(share.needed_bytes) + int(share.margin_bytes)
 
 
 @pytest.mark.slow
@@ -199,10 +202,11 @@ def test_each_method_that_runs_here_wins_where_its_budget_says(folders: dict[str
     for budget in budgets:
         result = nbhw.fit(folder, max_memory={0: budget}, accelerators_only=True, **pinned)
         planned = brute_force(folder, dict(result.search.pinned), result.search.base)
-        ranked = [index for index, (_, _, _, where, fits) in enumerate(planned) if fits and where == 0]
-        assert result.option == (planned[ranked[0]][0] if ranked else None), budget
+        ranked = sorted((tight, index) for index, (_, _, _, where, fits, tight) in enumerate(planned)
+                        if fits and where == 0)  # fmt: skip
+        assert result.option == (planned[ranked[0][1]][0] if ranked else None), budget
         for r in result.rejected:
-            _, own, problems, where, _ = planned[result.search.options.index(r.option)]
+            _, own, problems, where, _, _ = planned[result.search.options.index(r.option)]
             assert r.reason == expected_reason(own, problems, where, r.stage), r.option
         won.add(result.option.quantization if result.option else "nothing")
         refused = [r for r in result.rejected if r.why == "refused" and r.option.quantization]
@@ -212,6 +216,26 @@ def test_each_method_that_runs_here_wins_where_its_budget_says(folders: dict[str
         assert unnamed == [], unnamed
     assert {*runs_here, None, "nothing"} <= won, (won, needs_of)
     print(model, {q: need for q, need in needs_of.items() if need is not None}, "answers:", won)
+
+
+def test_the_solver_prefers_room_for_the_allocator_and_says_so(folders: dict[str, str]) -> None:
+    folder, context = folders["llama"], 600  # a float32 checkpoint: bfloat16 needs about half
+    pinned: dict[str, Any] = {"context": context, "reserve": 0, "attn_implementation": "sdpa", "use_kernels": False,
+                              "device_map": "auto", "quantization": None, "cache_implementation": None}  # fmt: skip
+    whole = nbhw.plan(folder, device_map=0, max_memory={0: 2**40}, context=context, reserve=0)
+    with quiet():
+        share = whole.placement.devices[0]  # type: ignore[union-attr]
+    budget = int(share.needed_bytes) + int(share.margin_bytes) - 1  # float32 fits, less its allocator's margin
+    result = nbhw.fit(folder, max_memory={0: budget}, accelerators_only=True, **pinned)
+    assert result.option is not None and result.option.dtype == "bfloat16", result.headline()
+    assert result.plan is not None and result.plan.placement.run_kind == "fits"  # type: ignore[union-attr]
+    first = result.rejected[0]
+    assert (first.option.dtype, first.why) == ("auto", "tight")
+    assert first.reason.startswith("tight on one device (accelerator 0) at 600 tokens: ")
+    # only float32 asked for: the tight plan is the answer, and its verdict says tight
+    alone = nbhw.fit(folder, max_memory={0: budget}, accelerators_only=True, dtype="auto", **pinned)
+    assert alone.plan is not None and alone.plan.placement.run_kind == "tight"  # type: ignore[union-attr]
+    assert "tight on one device" in alone.headline()
 
 
 # ---------------------------------------------------------------- bad input

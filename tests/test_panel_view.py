@@ -525,3 +525,20 @@ def test_the_committed_labextension_is_built_from_the_committed_sources() -> Non
     assert event and widget and event.group(1) == widget.group(1)  # the widget and the extension agree
     assert event.group(1) in built
     assert hashlib.sha256(entry.read_bytes()).hexdigest()  # readable, not an LFS pointer
+
+
+def test_the_load_tabs_budget_bars_show_each_devices_headroom_and_say_tight() -> None:
+    from types import SimpleNamespace
+
+    from nbhw.core.plan.placement import DeviceShare
+
+    def share(budget: int, margin: int) -> DeviceShare:
+        return DeviceShare("cuda:0", 0, 3, 100 * 2**20, budget, peak_bytes=200 * 2**20, reserve_bytes=10 * 2**20,
+                           margin_bytes=margin)  # fmt: skip
+
+    roomy = load_ui.budget_html(SimpleNamespace(devices=[share(300 * 2**20, 4 * 2**20)], verdict="fits"))  # type: ignore[arg-type]
+    assert "210.0 MiB of 300.0 MiB, 90.0 MiB left" in roomy
+    tight = load_ui.budget_html(SimpleNamespace(devices=[share(212 * 2**20, 4 * 2**20)], verdict="tight"))  # type: ignore[arg-type]
+    assert "210.0 MiB of 212.0 MiB, tight: 2.0 MiB left, the allocator needs 4.0 MiB" in tight
+    over = load_ui.budget_html(SimpleNamespace(devices=[share(200 * 2**20, 4 * 2**20)], verdict="over"))  # type: ignore[arg-type]
+    assert "210.0 MiB of 200.0 MiB<" in over and 'class="over"' in over

@@ -23,8 +23,9 @@ from nbhw.core.cache import Recent
 from nbhw.core.errors import UserError
 from nbhw.core.fit.fit_form import fit_form
 from nbhw.core.hf import dryrun
-from nbhw.core.plan import load_form
+from nbhw.core.plan import headroom, load_form
 from nbhw.core.plan.load_form import CONTROLS, Choices, Form, Option, Preview, Unit
+from nbhw.core.plan.placement import DeviceShare
 from nbhw.core.train.train_form import TrainForm, task_options
 from nbhw.ui.codebox import codebox, highlight, quick_html
 from nbhw.ui.train import TrainView
@@ -163,6 +164,16 @@ class Result:
 PARTS = {"weights": "weights", "cache": "#f2a541", "activations": "#e4572e", "reserve": "#8d8d8d"}
 
 
+def _headroom_words(share: DeviceShare) -> str:
+    """', 1.2 GiB left' (', tight: 2.0 MiB left, the allocator needs 24.0 MiB'); nothing when over or unknown."""
+    room = share.headroom_bytes
+    if room is None or room < 0:
+        return ""
+    if headroom.is_tight(room, share.margin_bytes):
+        return f", tight: {render.size(room)} left, the allocator needs {render.size(share.margin_bytes)}"
+    return f", {render.size(room)} left"
+
+
 def budget_html(preview: Preview) -> str:
     """Per device, a bar of its budget stacked with weights / cache / activations / reserve (the run's peak there)."""
     shares = [s for s in preview.devices if s.peak_bytes is not None and (s.budget or s.needed_bytes)]
@@ -184,6 +195,7 @@ def budget_html(preview: Preview) -> str:
         if share.budget is not None and (share.needed_bytes or 0) > share.budget:
             over = f'<div class="over" style="left:{100 * share.budget / scale:.2f}%" title="budget"></div>'
         budget = f" of {render.size(share.budget)}" if share.budget is not None else " (no budget known)"
+        budget += _headroom_words(share)
         rows.append(
             f'<div class="nbhw-budget-row" data-device="{render.esc(share.device)}">'
             f'<span class="nbhw-budget-name">{render.esc(share.device)}</span>'

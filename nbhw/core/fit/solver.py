@@ -106,11 +106,13 @@ class Rejected:
 
     @property
     def why(self) -> str:
-        """refused (the plan has problems), placed (its layers are not where this stage wants them), or run (the
-        run does not fit)."""
+        """refused (the plan has problems), placed (its layers are not where this stage wants them), tight (the run
+        fits with less room than the allocator needs, and a later option has the room) or run (it does not fit)."""
         if self.judged.problems:
             return "refused"
-        return "placed" if self.judged.where != self.stage else "run"
+        if self.judged.where != self.stage:
+            return "placed"
+        return "tight" if self.plan.run_tight else "run"
 
     @cached_property
     def reason(self) -> str:
@@ -179,10 +181,13 @@ class Search:
         return self.judged[index]
 
     def run(self) -> tuple[Judged | None, list[Rejected]]:
-        """The first option that fits by the documented order, and every option ranked ahead of it."""
+        """The first option that fits by the documented order, and every option ranked ahead of it. Within a stage
+        an option that fits with room for the allocator beats one that is tight; a tight one is the answer only
+        when nothing later in its stage has the room."""
         rejected: list[Rejected] = []
         first = self.stages[0]
         for stage in self.stages:
+            tight: tuple[Judged, list[Rejected]] | None = None
             for index, option in enumerate(self.options):
                 found = self.judge(index)
                 if found.problems or found.where is None:
@@ -194,10 +199,14 @@ class Search:
                         rejected.append(Rejected(option, stage, found))
                     continue
                 with meta_build.quiet():
-                    fits = found.plan.run_fits
-                if fits:
+                    fits, is_tight = found.plan.run_fits, found.plan.run_tight if found.plan.run_fits else False
+                if fits and not is_tight:
                     return found, rejected
+                if fits and tight is None:
+                    tight = (found, list(rejected))
                 rejected.append(Rejected(option, stage, found))
+            if tight is not None:
+                return tight
         return None, rejected
 
 

@@ -363,6 +363,13 @@ class LoadPlan(Shown):
         with meta_build.quiet():
             return run_plan.run_fits(self)
 
+    @cached_property
+    def run_tight(self) -> bool | None:
+        """Whether a run that fits leaves some device less room than its allocator needs (the verdict says
+        "tight"); None when the run doesn't fit or no dry run answers."""
+        with meta_build.quiet():
+            return run_plan.run_tight(self)
+
     @property
     def absent_devices(self) -> list[str]:
         """The problems of ``check()`` that say a device of the placement is not on this machine (a plan for

@@ -919,10 +919,12 @@ def max_context(
     device_map: dict[str, Hashable] | None = None,
     encoder_tokens: int | None = None,
     limit: int | None = None,
+    margins: Margins | None = None,
 ) -> Fit:
     """Tokens per sequence (prompt + generated) that fit every device's limit at this batch, up to the model's limit.
 
-    ``limits``: the bytes the dry run's tensors may reach on each device (a device not named has no limit).
+    ``limits``: the bytes the dry run's tensors may reach on each device (a device not named has no limit);
+    ``margins``: what each device's allocator needs left free for a run (see :func:`with_margins`).
     """
     hi = max(limit or context_limit(model), 2)
     first = max(min(start, hi), 2)
@@ -939,7 +941,7 @@ def max_context(
         if covered < hi:
             hi, note = max(covered, first), f"; past {max(covered, first):,} tokens not covered (a loop over tokens)"
             seeds = sorted({max(first // 2, 2), first})
-    found = _Search(measure, limits, (2, hi), degree=2)(seeds)
+    found = with_margins(lambda lim: _Search(measure, lim, (2, hi), degree=2)(seeds), measure, limits, margins)
     found = replace(found, method=found.method + note)
     return found if found.value >= 2 else replace(found, value=0)
 
@@ -972,14 +974,39 @@ def max_batch(
     device_map: dict[str, Hashable] | None = None,
     encoder_tokens: int | None = None,
     limit: int = 4096,
+    margins: Margins | None = None,
 ) -> Fit:
-    """Sequences of ``context`` tokens that fit every device's limit together."""
+    """Sequences of ``context`` tokens that fit every device's limit together (``margins``: see max_context)."""
 
     def measure(n: int) -> _Run:
         return _run(model, sizes(n, context, target=target, generation=generation, device_map=device_map,
                                  encoder_tokens=encoder_tokens))  # fmt: skip
 
-    return _Search(measure, limits, (1, limit), degree=1)([1, 2])
+    return with_margins(lambda lim: _Search(measure, lim, (1, limit), degree=1)([1, 2]), measure, limits, margins)
+
+
+Margins = Callable[[RunEstimate], dict[Hashable, int]]
+
+
+def with_margins(
+    search: Callable[[dict[Hashable, int]], Fit],
+    measure: Callable[[int], _Run],
+    limits: dict[Hashable, int],
+    margins: Margins | None,
+) -> Fit:
+    """The largest size whose run leaves each device its allocator's margin (``margins``: per device, what the
+    allocator needs for a given run). The tensors' boundary is searched first; when the run there is short of its
+    margin, the search is made again against the limits less that margin: the margin grows with the size, so the
+    answer keeps at least its own (conservative by at most the step to the boundary's margin)."""
+    found = search(limits)
+    if margins is None or found.value == 0:
+        return found
+    room = margins(measure(found.value).estimate)
+    if not any(room.get(d, 0) for d in limits):
+        return found
+    again = search({d: lim - room.get(d, 0) for d, lim in limits.items()})
+    return replace(again, dry_runs=found.dry_runs + again.dry_runs, seconds=found.seconds + again.seconds,
+                   method=f"{again.method}, with the allocator's margin")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------- around the run

@@ -20,7 +20,7 @@ from nbhw.core import render
 from nbhw.core.errors import UserError
 from nbhw.core.hardware.presence import device_type
 from nbhw.core.hf import dryrun, model_config
-from nbhw.core.plan import run
+from nbhw.core.plan import headroom, run
 from nbhw.core.plan.arguments import DEFAULT_CONTEXT, DISK
 from nbhw.core.plan.placement import DeviceShare, Placement, budget_key, device_name, is_accelerator
 from nbhw.core.plan.run import Fit, LoadPeak, Reserve, RunEstimate
@@ -197,7 +197,7 @@ def with_run(plan: Any) -> Placement | None:
         return replace(placement, verdict=verdict, run_kind="not_covered")
     shares = run_shares(plan)
     over = [s for s in shares if s.over_bytes is not None and s.over_bytes > 0]
-    text, kind = _run_verdict(plan, placement, over)
+    text, kind = _run_verdict(plan, placement, over, tight_shares(shares))
     return replace(placement, devices=shares, verdict=text, run_kind=kind)
 
 
@@ -221,15 +221,63 @@ def run_fits(plan: Any) -> bool | None:
     return not any(s.over_bytes is not None and s.over_bytes > 0 for s in run_shares(plan))
 
 
+def tight_shares(shares: list[DeviceShare]) -> list[DeviceShare]:
+    """The devices the run fits by its tensors but with less room left than their allocator needs."""
+    return [s for s in shares if headroom.is_tight(s.headroom_bytes, s.margin_bytes)]
+
+
+def run_tight(plan: Any) -> bool | None:
+    """Whether a run that fits leaves some device less room than its allocator needs; None when it doesn't fit
+    or no run answers."""
+    if not run_fits(plan):
+        return None
+    return bool(tight_shares(run_shares(plan)))
+
+
+def margin(label: Hashable, plan: Any, largest_block: int) -> headroom.Margin | None:
+    """What the allocator of the device ``label`` needs left free beyond the run's peak; None for disk."""
+    backend = backend_of(label, plan)
+    if backend in (DISK, "meta"):
+        return None
+    return headroom.allocator_margin(backend, largest_block)
+
+
+def margins_of(plan: Any) -> run.Margins:
+    """Per device of a run, the bytes its allocator needs left free (the searches keep them)."""
+
+    def margins(estimate: RunEstimate) -> dict[Hashable, int]:
+        found = {
+            label: margin(label, plan, measured.largest_block_bytes) for label, measured in estimate.devices.items()
+        }
+        return {label: room.bytes for label, room in found.items() if room is not None}
+
+    return margins
+
+
+def margin_notes(plan: Any) -> list[str]:
+    """Per device with a caching allocator, the room it needs left free beyond the run's peak and why."""
+    if plan.run is None or plan.placement is None:
+        return []
+    out = []
+    for share in plan.placement.devices:
+        measured = plan.run.devices.get(share.key)
+        room = margin(share.key, plan, measured.largest_block_bytes) if measured is not None else None
+        if room is not None and room.bytes:
+            out.append(f"allocator margin on {share.device}: {room.why}")
+    return out
+
+
 def _filled(share: DeviceShare, measured: run.DeviceRun, plan: Any) -> DeviceShare:
     held = plan.reserves.get(share.key)
     weights = share.bytes  # as placed: the quantizer's size where there is one
+    room = margin(share.key, plan, measured.largest_block_bytes)
     return replace(
         share,
         cache_bytes=measured.held_cache_bytes,
         activation_bytes=measured.activation_bytes,
         peak_bytes=measured.peak_bytes - measured.weight_bytes + weights,
         reserve_bytes=held.bytes if held else 0,
+        margin_bytes=room.bytes if room is not None else None,
     )
 
 
@@ -242,9 +290,21 @@ def _short(over: list[DeviceShare]) -> str:
     return " and ".join(f"{render.size(s.over_bytes)} more on {s.device}" for s in over)
 
 
-def _run_verdict(plan: Any, placement: Placement, over: list[DeviceShare]) -> tuple[str, str]:
+def _tight_words(tight: list[DeviceShare]) -> str:
+    return " and ".join(
+        f"{render.size(s.headroom_bytes or 0)} left on {s.device}, its allocator needs {render.size(s.margin_bytes)}"
+        for s in tight
+    )
+
+
+def _run_verdict(plan: Any, placement: Placement, over: list[DeviceShare], tight: list[DeviceShare]) -> tuple[str, str]:
     where, tokens = _where(placement), f"{plan.context:,} tokens"
     at = f" at batch {plan.batch}" if plan.batch > 1 else ""
+    if not over and tight:
+        if placement.kind == "one_device":
+            device = placement.verdict.removeprefix("fits on one device ")
+            return f"tight on one device {device} at {tokens}{at}: {_tight_words(tight)}", "tight"
+        return f"{where}: tight at {tokens}{at} ({_tight_words(tight)})", "tight"
     if not over:
         if placement.kind == "one_device":
             return where, "fits"
@@ -284,7 +344,7 @@ def context_fit(plan: Any) -> Fit | None:
         return run.max_context(
             plan.meta_model, limits(plan, outcome), batch=plan.batch, target=plan.run_target, start=plan.context,
             device_map=dict(plan.weight_placement.device_map), encoder_tokens=plan.args.encoder_length,
-            generation=generation(plan),
+            generation=generation(plan), margins=margins_of(plan),
         )  # fmt: skip
     except run.DryRunError:
         return None  # a loop over tokens at a longer context: the plan's own context is what is covered
@@ -302,7 +362,7 @@ def batch_fit(plan: Any) -> Fit | None:
         return run.max_batch(
             plan.meta_model, limits(plan, outcome), context=plan.context, target=plan.run_target,
             device_map=dict(plan.weight_placement.device_map), encoder_tokens=plan.args.encoder_length,
-            limit=BATCH_LIMIT, generation=generation(plan),
+            limit=BATCH_LIMIT, generation=generation(plan), margins=margins_of(plan),
         )  # fmt: skip
     except run.DryRunError:
         return None

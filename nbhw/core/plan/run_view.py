@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from nbhw.core import render
+from nbhw.core.plan import headroom, run_plan
 from nbhw.core.plan.estimate import Estimate
 from nbhw.core.plan.placement import DeviceShare, Placement
 from nbhw.core.plan.run_plan import BATCH_LIMIT
@@ -177,7 +178,7 @@ def _run_rows(plan: Any, e: Estimate, searches: bool) -> list[tuple[str, str]]:
 
 
 WEIGHT_HEADERS = ("device", "layers", "weights", "budget", "device_map entries")
-RUN_HEADERS = ("device", "layers", "weights", "cache", "activations", "reserve", "total", "budget",
+RUN_HEADERS = ("device", "layers", "weights", "cache", "activations", "reserve", "total", "budget", "headroom",
                "device_map entries")  # fmt: skip
 
 
@@ -191,6 +192,16 @@ def share_headers(placement: Placement) -> tuple[str, ...]:
     return RUN_HEADERS if any(s.peak_bytes is not None for s in placement.devices) else WEIGHT_HEADERS
 
 
+def _headroom(share: DeviceShare) -> str:
+    """What the budget has left at the peak ('-' and the excess when over; 'tight' under the allocator's margin)."""
+    room = share.headroom_bytes
+    if room is None:
+        return ""
+    if room < 0:
+        return f"-{size(-room)}"
+    return f"{size(room)} tight" if headroom.is_tight(room, share.margin_bytes) else size(room)
+
+
 def share_rows(placement: Placement) -> list[list[str]]:
     """One row per device: what it holds against its budget."""
     run = share_headers(placement) == RUN_HEADERS
@@ -201,7 +212,7 @@ def share_rows(placement: Placement) -> list[list[str]]:
         if run:
             figures = [size(share.cache_bytes or 0), size(share.activation_bytes or 0),
                        size(share.reserve_bytes or 0), size(share.needed_bytes)]  # fmt: skip
-            rows.append([share.device, layers, size(share.bytes), *figures, budget, _entries(share)])
+            rows.append([share.device, layers, size(share.bytes), *figures, budget, _headroom(share), _entries(share)])
         else:
             rows.append([share.device, layers, size(share.bytes), budget, _entries(share)])
     return rows
@@ -214,6 +225,7 @@ def run_notes(plan: Any) -> list[str]:
     if run is None:
         return out
     out += [f"not in the dry run: {n}" for n in run.not_covered]
+    out += run_plan.margin_notes(plan)
     sources = {r.source for r in plan.reserves.values() if r.source}
     out += [f"reserve figure: {s} (--reserve SIZE sets your own)" for s in sorted(sources)]
     if plan.load_peak is not None:
