@@ -558,3 +558,81 @@ def test_the_kernel_example_is_valid_python_for_a_folder_with_quotes_and_backsla
     tree = ast.parse(example)  # was: from_pretrained("<path>") with the path's quote ending the string
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "from_pretrained"]
     assert [ast.literal_eval(c.args[0]) for c in calls] == [str(folder)]
+
+
+# ---------------------------------------------------------------- FlashAttention 4 by GPU, and a GPU nbhw can't see
+
+
+def install_flash_attn_4(monkeypatch: pytest.MonkeyPatch, root: Path, version: str, majors: list[int]) -> None:
+    """An installed flash-attn-4 on sys.path: its dist-info and the assert its forward pass makes, as releases have
+    it (4.0.0b4: [9, 10, 11]; 4.0.0b5 on: [8, 9, 10, 11, 12])."""
+    import transformers.modeling_flash_attention_utils as flash_utils
+    from transformers.utils import import_utils
+
+    cute = root / "flash_attn" / "cute"
+    cute.mkdir(parents=True)
+    (cute / "interface.py").write_text(
+        "def _flash_attn_fwd(q, k, v, _arch=None):\n"
+        "    arch = _get_device_arch() if _arch is None else _arch\n"
+        f"    assert arch // 10 in {majors}, 'Unsupported compute capability.'\n"
+    )
+    info = root / f"flash_attn_4-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: flash-attn-4\nVersion: {version}\n")
+    (info / "top_level.txt").write_text("flash_attn\n")
+    monkeypatch.syspath_prepend(str(root))
+    real_mapping = import_utils._package_distribution_mapping()
+    mapping = {**real_mapping, "flash_attn": ["flash_attn_4"]}
+    monkeypatch.setattr(flash_utils, "_package_distribution_mapping", lambda: mapping)
+
+
+def test_flash_attention_4_on_an_rtx_5090_target_names_the_release_that_runs_there(models: dict[str, Path]) -> None:
+    row = advise(str(models["qwen3"]), target="RTX 5090", dtype="bfloat16").row("flash_attention_4")
+    # transformers' floor (compute capability 9) lets 12.0 through; flash-attn-4 itself ran on 9.x-11.x only
+    # until 4.0.0b5, so the fix names that release, and a note says why.
+    assert row.fix == "pip install 'flash-attn-4>=4.0.0b5' on the RTX 5090"
+    assert any("12.x from 4.0.0b5" in n and "#2329" in n for n in row.notes)
+
+
+RELEASES = [  # (flash-attn-4 release, the majors its forward pass asserts, the GPU's capability, the row's status)
+    ("4.0.0b4", [9, 10, 11], (12, 0), Status.WONT),
+    ("4.0.0b4", [9, 10, 11], (9, 0), Status.WORKS),
+    ("4.0.0b36", [8, 9, 10, 11, 12], (12, 0), Status.WORKS),
+]
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_flash_attention_4_follows_the_gpus_the_installed_release_runs_on(
+    fake_hw: FakeHardware, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, models: dict[str, Path],
+    release: tuple[str, list[int], tuple[int, int], Status],
+) -> None:  # fmt: skip
+    version, majors, cc, status = release
+    install_flash_attn_4(monkeypatch, tmp_path, version, majors)
+    fake_hw.nvidia(FakeGpu(name="NVIDIA GeForce RTX 5090" if cc[0] == 12 else "NVIDIA H100", cc=cc))
+    row = advise(str(models["qwen3"]), dtype="bfloat16").row("flash_attention_4")
+    assert row.status == status, row
+    if status is Status.WONT:
+        assert f"flash-attn-4 {version} runs on compute capability 9.x, 10.x, 11.x only" in row.reason
+        assert row.fix == "pip install -U 'flash-attn-4>=4.0.0b5'"
+
+
+def test_a_gpu_nbhw_cant_see_is_advised_what_works_everywhere(
+    fake_hw: FakeHardware, monkeypatch: pytest.MonkeyPatch, models: dict[str, Path]
+) -> None:
+    """max_memory={0: ...} on a machine without a GPU: flash attention and Hub kernels depend on which GPU it is."""
+    import nbhw
+
+    fake_hw.no_nvml_library()
+    fake_kernels_package(monkeypatch)  # the Hub kernel fallback is there, as transformers 5.25 requires
+    model = str(models["qwen3"])
+    row = advise(model, device="cuda:0").row("flash_attention_3")
+    assert row.status == Status.DEPENDS and "not here to check" in row.reason and "sdpa" in row.reason
+    assert row.fix is not None and "target=" in row.fix
+    assert advise(model, device="cuda:0").row("sdpa").status == Status.WORKS
+    # The plan says the same as a problem, and the solver takes what works everywhere.
+    plan = nbhw.plan(model, max_memory={0: "24GiB"}, attn_implementation="flash_attention_3")
+    assert any("flash_attention_3" in p and "not here to check" in p for p in plan.check())
+    found = nbhw.fit(model, max_memory={0: "24GiB"}, context=256, offline=True)
+    assert found.plan is not None and 'attn_implementation="sdpa"' in found.plan.code
+    # With the hardware named, the target's own rules answer.
+    assert advise(model, target="RTX 5090").row("flash_attention_3").status != Status.DEPENDS

@@ -18,7 +18,7 @@ from nbhw.core.errors import UserError
 from nbhw.core.hardware import backends
 from nbhw.core.hardware.data import BackendStatus, DeviceInfo
 from nbhw.core.hardware.targets import Target as CatalogTarget
-from nbhw.core.hf import kernel_tables, meta_build, model_config, tiny_model
+from nbhw.core.hf import flash4, kernel_tables, meta_build, model_config, tiny_model
 from nbhw.core.hf.as_if import AsIf, TargetDevice
 
 NO_SUPPORT = "this model class does not support it"
@@ -272,7 +272,7 @@ def _flash_rule(key: str, version: int, env: Env) -> Verdict:
     verdict = _flash_verdict(key, version, env, here or t.catalog is not None)
     if t.catalog is not None and not here and verdict.status is Status.WORKS:
         package = flash_package(version)
-        verdict.fix = f"pip install {package} on the {t.catalog.accelerator.name}"
+        verdict.fix = f"pip install {requirement(version, t)} on the {t.catalog.accelerator.name}"
         verdict.notes.append(f"{package} is not installed here: this is transformers' rule with it installed there")
     return verdict
 
@@ -347,11 +347,43 @@ def _capability_rule(key: str, version: int, min_major: int | None, env: Env) ->
         fix = f"use sdpa on this GPU, or a {GENERATIONS.get(need, 'newer')} or newer GPU"
         return Verdict(Status.WONT, why, fix, device_dependent=True, runtime=runtime)
     shown = t.info.compute_capability if t.info else "?"
+    if version == 4 and cc is not None:
+        refused = _flash4_refuses(cc, shown or "?", t)
+        if refused is not None:
+            return refused
     verdict = Verdict(
         Status.WORKS, f"{flash_package(version)} installed; {t.device} ({shown}) is supported", None, True
     )
+    if version == 4 and cc is not None and (first := flash4.since(cc[0])) is not None:
+        verdict.notes.append(
+            f"flash-attn-4 runs on compute capability {cc[0]}.x from {first} on (Dao-AILab/flash-attention#2329); "
+            f"earlier releases refuse it at the first forward"
+        )
     _dtype_note(env, verdict)
     return verdict
+
+
+def requirement(version: int, t: Target) -> str:
+    """What to pip install for FlashAttention ``version`` on the target: the package, at the first release that
+    runs on the target's GPU where that is not the first release (flash-attn-4 on consumer Blackwell)."""
+    package = flash_package(version)
+    first = flash4.since(t.capability[0]) if version == 4 and t.capability is not None else None
+    return f"'{package}>={first}'" if first else package
+
+
+def _flash4_refuses(cc: tuple[int, int], shown: str, t: Target) -> Verdict | None:
+    """The flash-attn-4 installed here, on a GPU here that its forward pass refuses (read from its source)."""
+    found = flash4.installed() if t.catalog is None else None
+    if found is None or cc[0] in found.majors:
+        return None
+    runs = ", ".join(f"{m}.x" for m in found.majors)
+    why = (
+        f"transformers loads it, but flash-attn-4 {found.version} runs on compute capability {runs} only (its "
+        f"interface.py refuses {t.device} ({shown}) at the first forward)"
+    )
+    first = flash4.since(cc[0])
+    fix = f"pip install -U 'flash-attn-4>={first}'" if first else "use flash_attention_2 or sdpa on this GPU"
+    return Verdict(Status.WONT, why, fix, device_dependent=True, runtime=True)
 
 
 def _fallback_rule(key: str, repo: str, env: Env, installed: bool) -> Verdict:
@@ -507,9 +539,28 @@ def _first_sentence(text: str) -> str:
     return head if len(head) <= 240 else head[:237] + "..."
 
 
+def unseen(t: Target) -> bool:
+    """Whether the target is an accelerator nbhw knows nothing of: not here, and not named from the catalog (a bare
+    index in max_memory on a machine without one, a device=cuda:3 beyond this machine's GPUs)."""
+    return t.catalog is None and t.info is None and t.device_type != "cpu"
+
+
+def _unseen_verdict(key: str, v: Verdict, t: Target) -> Verdict:
+    """A device-dependent key on an unseen accelerator: what works everywhere is advised, and why."""
+    why = (
+        f"{t.device} is not here to check: which GPU it is (its kind, compute capability and the kernels built "
+        f"for it) decides whether {key} loads, so nbhw advises sdpa, which works on every device"
+    )
+    rules = f"transformers' rules for a {t.device_type} device: {v.status}: {v.reason}"
+    fix = "use sdpa, or name the hardware with target= (nbhw.targets() lists it) for advice on its kind"
+    return Verdict(Status.DEPENDS, why, fix, device_dependent=True, notes=[rules, *v.notes])
+
+
 def check(key: str, kind: str, env: Env) -> AttentionRow:
     """Read the rules for ``key``, then let a meta build decide wherever a build here can answer."""
     v = rule(key, env)
+    if v.device_dependent and v.status is not Status.WONT and unseen(env.target):
+        v = _unseen_verdict(key, v, env.target)
     row = AttentionRow(key, kind, v.status, v.reason, v.fix, False, "", v.resolves_to, None, list(v.notes))
     if v.downloads:
         if v.status in {Status.HUB, Status.WORKS}:

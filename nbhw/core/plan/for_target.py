@@ -80,7 +80,8 @@ def advised_problems(model: str, attn: str | None, dtype: str, offline: bool, wh
 def _advised(model: str, attn: str, *, dtype: str, offline: bool, where: str, hardware: dict[str, str]) -> list[str]:
     kernel = attn if meta_build.is_hub_kernel(attn) else None
     row = row_for(attn, model, dtype=dtype, kernel=kernel, offline=offline, **hardware)
-    if row.status is Status.WONT:
+    # "depends on the device": nbhw can't see the device it depends on, so the plan can't say it will load.
+    if row.status in {Status.WONT, Status.DEPENDS}:
         fix = f" (fix: {row.fix})" if row.fix else ""
         return [f"attn_implementation={attn!r} on the {where}: {row.reason}{fix}"]
     return []
