@@ -72,7 +72,20 @@ def test_amd_entries_carry_the_gfx_arch_torch_reports() -> None:
 def test_apple_entries_plan_against_metals_working_set_not_all_of_ram() -> None:
     m3 = T.lookup("M3 Max 128GB")
     assert m3.unified_memory and m3.usable_memory_gib == 96.0 and m3.memory_bytes == 96 * 1024**3
+    assert (m3.usable_from, m3.ecc, m3.box) == ("working-set rule", "none", "128 GiB unified")
     assert T.lookup("M3 Pro 36GB").usable_memory_gib == 24.0
+
+
+def test_every_entry_plans_its_usable_memory_beside_the_box_with_its_source() -> None:
+    for a in T.catalog():
+        assert 0 < a.usable_memory_gib <= a.memory_gib and a.memory_bytes == int(a.usable_memory_gib * 1024**3), a.key
+        assert a.usable_source.startswith("https://") and a.usable_basis and a.usable_from in T.USABLE_FROM, a.key
+        # no figure found: the entry says so and plans the box's number, never an invented one
+        assert (a.usable_from == "vendor") == (a.usable_basis.startswith("the vendor's number; no measured")), a.key
+        if a.usable_from == "vendor":
+            assert a.usable_memory_gib == a.memory_gib, a.key
+    measured = {a.key: a.usable_memory_gib for a in T.catalog() if a.usable_from == "measured"}
+    assert measured["t4"] == 14.75 and measured["h200"] == 139.81 and measured["l4"] == 21.95
 
 
 def test_every_entry_has_an_https_source_and_names_which_figures_were_confirmed_where() -> None:
@@ -96,6 +109,16 @@ def _broken(mutate: str) -> list[str]:
         t4["aliases"].append("H100")
     elif mutate == "field":
         del t4["source"]
+    elif mutate == "over the box":
+        t4["usable_memory_gib"] = 16.5
+    elif mutate == "no source":
+        t4["usable_source"] = "a forum post"
+    elif mutate == "ecc carve-out":
+        t4["usable_memory_gib"] = 15.5  # ECC on keeps 1/16: at most 15 of 16 GiB
+    elif mutate == "vendor":
+        t4["usable_from"] = "vendor"
+    elif mutate == "ecc word":
+        t4["ecc"] = "yes"
     return T.catalog_problems(data)
 
 
@@ -107,6 +130,11 @@ def _broken(mutate: str) -> list[str]:
         ("device", "device string"),
         ("alias", "belongs to both"),
         ("field", "missing ['source']"),
+        ("over the box", "usable_memory_gib 16.5 must be above 0 and at most memory_gib 16"),
+        ("no source", "usable memory needs an https usable_source"),
+        ("ecc carve-out", "ecc 'on' keeps 1/16 for ECC bits: usable_memory_gib 15.5 is above 15"),
+        ("vendor", "usable_from 'vendor' is the box number: usable_memory_gib 14.75 must be 16"),
+        ("ecc word", "ecc one of ('on', 'off', 'none', 'sideband')"),
     ],
 )
 def test_the_check_catches_an_inconsistent_entry(mutate: str, words: str) -> None:
@@ -163,15 +191,54 @@ def test_a_target_gives_the_rows_detection_would_give_on_it() -> None:
     assert [r.device for r in rows] == ["cuda:0", "cuda:1"]  # one module, two GCDs
     assert rows[0].compute_capability == "gfx90a" and rows[0].bf16 is True
     t4 = T.parse_target("T4").devices()[0]
-    assert (t4.compute_capability, t4.bf16, t4.tf32, t4.total_memory) == ("7.5", False, False, 16 * 1024**3)
+    assert (t4.compute_capability, t4.bf16, t4.tf32, t4.total_memory) == ("7.5", False, False, int(14.75 * 1024**3))
     backend = T.parse_target("2x H100").rows()[1]
-    assert backend.key == "cuda" and backend.usable and [d.free_memory for d in backend.devices] == [80 * 1024**3] * 2
+    usable = int(79.2 * 1024**3)  # torch's total on an H100 80GB HBM3, not the box's 80 GiB
+    assert backend.key == "cuda" and backend.usable and [d.free_memory for d in backend.devices] == [usable] * 2
+
+
+@pytest.mark.parametrize("text", ["T4 ECC off", "t4 ecc off", "T4 (ECC off)", "Tesla T4, ECC-off", "1x T4 ecc_off"])
+def test_ecc_off_gives_a_gddr_card_its_sixteenth_back(text: str) -> None:
+    t = T.parse_target(text)
+    a = t.accelerator
+    assert (t.text, t.label, a.ecc_off, a.usable_gib) == ("T4 ECC off", "1x T4 (ECC off)", True, 15.75)
+    assert a.memory_bytes == int(15.75 * 1024**3) and t.devices()[0].total_memory == a.memory_bytes
+    assert T.parse_target(t.text) == t and T.check_target(text) == "T4 ECC off"
+
+
+def test_ecc_off_counts_and_reads_back_as_the_same_target() -> None:
+    t = T.parse_target("2x L4 ECC off")
+    assert (t.text, t.cards, t.accelerator.usable_gib) == ("2x L4 ECC off", 2, 23.45)  # 21.95 + 24 / 16
+    assert T.parse_target(t.text) == t and T.Target(t.accelerator, 4).text == "4x L4 ECC off"
+    assert T.parse_target("L4").accelerator.usable_gib == 21.95
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("H100 ECC off", "'H100 SXM ECC off': its HBM keeps ECC bits outside the memory, so ECC off frees nothing"),
+        ("2x MI300X ECC off", "its HBM keeps ECC bits outside the memory"),
+        ("RTX 4090 ECC off", "its memory has no ECC to turn off"),
+        ("RTX 6000 Ada ECC off", "its ECC is already off as it ships"),
+        ("ECC off", "target 'ECC off' names no card; valid forms: 'NAME', '2x NAME'"),
+    ],
+)
+def test_ecc_off_where_it_frees_nothing_is_a_one_line_error_naming_where_it_applies(text: str, words: str) -> None:
+    with pytest.raises(nbhw.UserError) as err:
+        T.parse_target(text)
+    message = str(err.value)
+    assert words in message and "\n" not in message
+    assert message.endswith("ECC off applies to T4, A10G, A10, L4, L40S") or "valid forms" in message
 
 
 def test_targets_lists_the_catalog_in_text_html_and_json() -> None:
     listing = nbhw.targets()
     assert len(listing.rows) == len(T.catalog())
     assert "H100 SXM" in listing.text() and "<table" in listing.html()
+    t4 = next(line for line in listing.text().splitlines() if line.startswith("T4 "))
+    assert "14.75 GiB" in t4 and "16 GiB" in t4 and "on (1/16)" in t4
+    assert "usable memory" in listing.text() and "box" in listing.html()
+    assert {"usable_memory_gib", "usable_source", "ecc"} <= set(listing.to_dict()["accelerators"][0])
     assert json.dumps(listing.to_dict())
     assert {a.vendor for a in nbhw.targets("amd").rows} == {"AMD"}
     with pytest.raises(nbhw.UserError, match="valid: AMD, AWS, Apple"):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 from typing import Any
@@ -27,11 +27,17 @@ from nbhw.core.render import GIB, STYLE, Shown, esc, html_table, text_table
 MAX_COUNT = 64
 DTYPES = ("fp16", "bf16", "tf32", "fp8", "fp4")
 REQUIRED = (
-    "key", "name", "aliases", "vendor", "family", "backend", "device", "memory_gib", "memory_bandwidth_gbps",
-    "compute_capability", "arch", "dtypes", "source", "confirmed", "unconfirmed", "notes",
+    "key", "name", "aliases", "vendor", "family", "backend", "device", "memory_gib", "usable_memory_gib", "usable_from",
+    "usable_source", "usable_basis", "ecc", "memory_bandwidth_gbps", "compute_capability", "arch", "dtypes", "source",
+    "confirmed", "unconfirmed", "notes",
 )  # fmt: skip
-OPTIONAL = ("devices_per_card", "unified_memory", "usable_memory_gib")
-FORMS = "'NAME', '2x NAME', '2 x NAME', '2×NAME', '2*NAME' (a whole count from 1 to 64)"
+OPTIONAL = ("devices_per_card", "unified_memory")
+# How an entry's usable memory was found: on that card, on a card with the same memory, or nowhere (the box number).
+USABLE_FROM = ("measured", "same memory", "vendor", "working-set rule")
+# ECC as the card ships: "on" (GDDR, 1/16 kept for ECC bits), "off" (GDDR that could), "none", "sideband" (HBM).
+ECC = ("on", "off", "none", "sideband")
+ECC_OFF = "ECC off"
+FORMS = "'NAME', '2x NAME', '2 x NAME', '2×NAME', '2*NAME' (a whole count from 1 to 64), each with ' ECC off' after it"
 # Words people put before a name that never tell two entries apart.
 VENDOR_WORDS = ("nvidia", "geforce", "tesla", "amd", "instinct", "intel", "apple", "google", "cloud", "aws", "huawei")
 NOT_HERE = "hardware that is not here"
@@ -52,6 +58,11 @@ class Accelerator:
     backend: str
     device: str
     memory_gib: float
+    usable_memory_gib: float
+    usable_from: str
+    usable_source: str
+    usable_basis: str
+    ecc: str
     memory_bandwidth_gbps: float
     compute_capability: str | None
     arch: str
@@ -62,13 +73,34 @@ class Accelerator:
     notes: tuple[str, ...]
     devices_per_card: int = 1
     unified_memory: bool = False
-    usable_memory_gib: float | None = None
+    ecc_off: bool = False  # the target asked for ECC off (a GDDR card that ships with it on)
+
+    @property
+    def usable_gib(self) -> float:
+        """What a program on one device can use, in GiB: the catalog's usable figure, plus the 1/16 ECC gives back."""
+        return round(self.usable_memory_gib + (self.memory_gib * ecc_fraction() if self.ecc_off else 0.0), 2)
 
     @property
     def memory_bytes(self) -> int:
-        """What one device can hold: its memory, or for unified memory Metal's recommended working set."""
-        gib = self.usable_memory_gib if self.unified_memory and self.usable_memory_gib else self.memory_gib
-        return int(gib * GIB)
+        """What one device can hold: torch's total there (after ECC and the driver), or Metal's working set."""
+        return int(self.usable_gib * GIB)
+
+    @property
+    def box(self) -> str:
+        """The vendor's number, as the box says it: '16 GiB', '128 GiB unified'."""
+        return f"{self.memory_gib:g} GiB" + (" unified" if self.unified_memory else "")
+
+    def without_ecc(self) -> Accelerator:
+        """The same card with ECC turned off; a one-line UserError where that frees nothing."""
+        if self.ecc == "on":
+            return replace(self, ecc_off=True)
+        on = ", ".join(a.name for a in catalog() if a.ecc == "on")
+        why = {
+            "sideband": "its HBM keeps ECC bits outside the memory, so ECC off frees nothing",
+            "off": "its ECC is already off as it ships",
+            "none": "its memory has no ECC to turn off",
+        }[self.ecc]
+        raise UserError(f"target '{self.name} {ECC_OFF}': {why}; {ECC_OFF} applies to {on}")
 
     @property
     def capability(self) -> tuple[int, int] | None:
@@ -126,6 +158,7 @@ def _entry_problems(e: dict[str, Any], devices: dict[str, str], data: dict[str, 
         out.append("memory and bandwidth must be positive")
     if not str(e["source"]).startswith("https://"):
         out.append("source must be an https URL")
+    out += _usable_problems(e)
     for fig, url in e["confirmed"].items():
         if not str(url).startswith("https://"):
             out.append(f"confirmed[{fig}] is not an https URL")
@@ -135,6 +168,31 @@ def _entry_problems(e: dict[str, Any], devices: dict[str, str], data: dict[str, 
     if e.get("unified_memory"):
         out += _unified_rule(e, data)
     return out
+
+
+def _usable_problems(e: dict[str, Any]) -> list[str]:
+    usable, box, kind = e["usable_memory_gib"], e["memory_gib"], e["usable_from"]
+    out = []
+    if kind not in USABLE_FROM or e["ecc"] not in ECC:
+        return [f"usable_from must be one of {USABLE_FROM} and ecc one of {ECC}"]
+    if not str(e["usable_source"]).startswith("https://") or not str(e["usable_basis"]).strip():
+        out.append("usable memory needs an https usable_source and a usable_basis saying what it shows")
+    if not 0 < usable <= box:
+        out.append(f"usable_memory_gib {usable} must be above 0 and at most memory_gib {box}")
+    elif kind == "vendor" and usable != box:
+        out.append(f"usable_from 'vendor' is the box number: usable_memory_gib {usable} must be {box}")
+    elif kind in ("measured", "same memory") and usable == box:
+        out.append("a measured usable_memory_gib is below the box number (the driver keeps some)")
+    if e["ecc"] == "on" and usable > box * (1 - ecc_fraction()):
+        out.append(f"ecc 'on' keeps 1/16 for ECC bits: usable_memory_gib {usable} is above {box * 15 / 16:g}")
+    if bool(e.get("unified_memory")) != (kind == "working-set rule"):
+        out.append("usable_from 'working-set rule' is for unified memory (Apple) entries, and only them")
+    return out
+
+
+def ecc_fraction() -> float:
+    """The share of a GDDR card's memory that ECC bits take when ECC is on (1/16, the catalog's ecc_rule)."""
+    return float(_raw().get("ecc_rule", {}).get("gddr_fraction", 0.0625))
 
 
 def _nvidia_rules(e: dict[str, Any]) -> list[str]:
@@ -182,7 +240,7 @@ def _unified_rule(e: dict[str, Any], data: dict[str, Any]) -> list[str]:
     frac = rule.get("fraction_above_36gb") if e["memory_gib"] > 36 else rule.get("fraction_up_to_36gb")
     want = round(e["memory_gib"] * float(frac or 0), 2)
     got = e.get("usable_memory_gib")
-    if got is not None and abs(got - want) < 0.1:
+    if isinstance(got, int | float) and abs(got - want) < 0.1:
         return []
     return [f"usable_memory_gib {got} doesn't follow the rule ({want})"]
 
@@ -253,15 +311,17 @@ class Target:
 
     @property
     def text(self) -> str:
-        """The target as ``target=`` takes it back: 'T4', '2x H100 SXM'."""
-        return self.accelerator.name if self.cards == 1 else f"{self.cards}x {self.accelerator.name}"
+        """The target as ``target=`` takes it back: 'T4', '2x H100 SXM', 'T4 ECC off'."""
+        name = self.accelerator.name + (f" {ECC_OFF}" if self.accelerator.ecc_off else "")
+        return name if self.cards == 1 else f"{self.cards}x {name}"
 
     @property
     def label(self) -> str:
         """What the views call it: the cards, and the devices torch would see when a card holds several."""
         a = self.accelerator
         devices = f" = {self.count} {a.device} devices" if a.devices_per_card > 1 else ""
-        return f"{self.cards}x {a.name}{devices}"
+        ecc = f" ({ECC_OFF})" if a.ecc_off else ""
+        return f"{self.cards}x {a.name}{ecc}{devices}"
 
     @property
     def not_here(self) -> str:
@@ -300,8 +360,9 @@ class Target:
     def rows(self) -> list[BackendStatus]:
         """The backend rows detection would give on the target: its backend with its devices, and the host's CPU.
 
-        A plan reads its budget from these as it reads this machine's: per device the catalog's whole memory (the
-        run planner subtracts its framework reserve from that budget), the CPU the host memory nbhw assumes.
+        A plan reads its budget from these as it reads this machine's: per device the catalog's usable memory, what
+        torch reports there (the run planner subtracts its framework reserve from that budget), the CPU the host
+        memory nbhw assumes.
         """
         a = self.accelerator
         by_key = {b.key: b for b in backends.BUILTIN}
@@ -323,11 +384,24 @@ class Target:
 _COUNT = re.compile(r"^\s*(?P<count>[+-]?\d*\.?\d+)\s*(?P<sep>[x×*]|\s)\s*(?P<name>\S.*)$", re.IGNORECASE)
 
 
+_ECC_OFF = re.compile(r"[\s,(-]*\becc[\s_-]*off\)?\s*$", re.IGNORECASE)
+
+
 def parse_target(text: str) -> Target:
-    """'H100', '2x H100-80GB', '4 x A100 40GB', '2×RTX4090', '8*MI300X' as a Target; a one-line UserError otherwise."""
+    """'H100', '2x H100-80GB', '4 x A100 40GB', '2×RTX4090', '8*MI300X', 'T4 ECC off' as a Target; a one-line
+    UserError otherwise."""
     raw = (text or "").strip() if isinstance(text, str) else ""
     if not raw:
         raise UserError(f"empty target {text!r}; valid forms: {FORMS}")
+    cards = _cards(_ECC_OFF.sub("", raw), raw)
+    if _ECC_OFF.search(raw):
+        return Target(cards.accelerator.without_ecc(), cards.cards)
+    return cards
+
+
+def _cards(raw: str, asked: str) -> Target:
+    if not raw:
+        raise UserError(f"target {asked!r} names no card; valid forms: {FORMS}")
     m = _COUNT.match(raw)
     # A whole text that is a catalog name ("7900 XTX") is never a count and a name.
     if (
@@ -417,7 +491,10 @@ def check_target_args(target: str | None, max_memory: object) -> None:
 
 # ---------------------------------------------------------------- nbhw.targets()
 
-HEADERS = ("name", "vendor", "backend", "device", "capability / arch", "memory", "bandwidth", "dtypes")
+HEADERS = (
+    "name", "vendor", "backend", "device", "capability / arch", "usable memory", "box", "ECC", "bandwidth", "dtypes",
+)  # fmt: skip
+ECC_WORDS = {"on": "on (1/16)", "off": "off", "none": "none", "sideband": "HBM, no cost"}
 
 
 @dataclass
@@ -428,20 +505,21 @@ class Targets(Shown):
 
     def _cells(self) -> list[list[str]]:
         return [
-            [a.name, a.vendor, a.backend, a.device, a.compute_capability or a.arch, _memory(a),
-             f"{a.memory_bandwidth_gbps:g} GB/s", ",".join(k for k in DTYPES if a.dtypes[k])]
+            [a.name, a.vendor, a.backend, a.device, a.compute_capability or a.arch, _memory(a), a.box,
+             ECC_WORDS[a.ecc], f"{a.memory_bandwidth_gbps:g} GB/s", ",".join(k for k in DTYPES if a.dtypes[k])]
             for a in self.rows
         ]  # fmt: skip
 
     def text(self) -> str:
         """The catalog as aligned text."""
         lead = f"nbhw targets: {len(self.rows)} accelerators nbhw can plan for without having them"
-        return f"{lead}\n\n{text_table(HEADERS, self._cells())}\n"
+        return f"{lead}\n\n{text_table(HEADERS, self._cells())}\n{USABLE_NOTE}\n"
 
     def html(self) -> str:
         """The catalog as an HTML table."""
         lead = f"nbhw targets: {len(self.rows)} accelerators nbhw can plan for without having them"
-        return f'{STYLE}<div class="nbhw"><h3>{esc(lead)}</h3>{html_table(HEADERS, self._cells())}</div>'
+        table = html_table(HEADERS, self._cells())
+        return f'{STYLE}<div class="nbhw"><h3>{esc(lead)}</h3>{table}<p>{esc(USABLE_NOTE)}</p></div>'
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data: every field of every entry, sources included."""
@@ -449,11 +527,16 @@ class Targets(Shown):
 
 
 def _memory(a: Accelerator) -> str:
-    if a.unified_memory:
-        return f"{a.usable_memory_gib:g} of {a.memory_gib:g} GiB"
+    """The usable figure and how it was found: '14.75 GiB', '64 GiB (vendor's)', '96 GiB (working set)'."""
     per = " per device" if a.devices_per_card > 1 else ""
-    return f"{a.memory_gib:g} GiB{per}"
+    how = {"vendor": " (vendor's)", "working-set rule": " (working set)", "same memory": " (same memory)"}
+    return f"{a.usable_gib:g} GiB{per}{how.get(a.usable_from, '')}"
 
+
+USABLE_NOTE = (
+    "usable memory: what torch reports on the card (after ECC and the driver), which plans budget; box: the vendor's "
+    f"number; ECC on keeps 1/16 for ECC bits ('T4 {ECC_OFF}' gives it back); HBM keeps them outside the memory"
+)
 
 VENDOR = Argument("vendor", "only this vendor's accelerators (NVIDIA, AMD, Intel, Apple, Google, AWS, Huawei)")
 
