@@ -334,3 +334,50 @@ def test_the_magic_and_the_cli_show_the_rows(ip: Any, capsys: Any, tiny_llama: s
         timeout=300, check=False,
     )  # fmt: skip
     assert proc.returncode == 0 and proc.stdout.startswith("planning for 1x MI300X: hardware that is not here")
+
+
+# ---------------------------------------------------------------- GPTQ on a CPU: transformers' own gate
+
+
+def gptqmodel_present(mp: pytest.MonkeyPatch, version: str = "5.0.0") -> None:
+    """gptqmodel installed, at the boundary transformers' GPTQ check reads: its package check and its metadata."""
+    from importlib import metadata
+
+    from transformers.quantizers import quantizer_gptq
+
+    real = metadata.version
+    mp.setattr(quantizer_gptq, "is_gptqmodel_available", lambda: True)
+    mp.setattr(metadata, "version", lambda name: version if name in {"gptqmodel", "optimum"} else real(name))
+
+
+def transformers_gptq_gate() -> str | None:
+    """transformers' own GPTQ check on this CPU machine: its refusal, or None when it passes."""
+    from transformers import GPTQConfig
+    from transformers.quantizers.quantizer_gptq import GptqHfQuantizer
+
+    q = object.__new__(GptqHfQuantizer)  # __init__ needs optimum.gptq; validate_environment reads no more than this
+    q.quantization_config, q.pre_quantized = GPTQConfig(bits=4), False
+    try:
+        q.validate_environment(device_map="cpu")
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def test_gptq_on_a_cpu_needs_a_package_not_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    if importlib.util.find_spec("gptqmodel") is not None or torch.cuda.is_available():
+        pytest.skip("gptqmodel or a GPU is here: the CPU-without-gptqmodel case is not")
+    # transformers' own check refuses this CPU only for want of gptqmodel: with it present, the same code passes.
+    assert transformers_gptq_gate() == "RuntimeError: GPU is required to quantize or run quantize model."
+    with pytest.MonkeyPatch.context() as mp:
+        gptqmodel_present(mp)
+        assert transformers_gptq_gate() is None
+    # nbhw's row says so, as its AWQ row (the same package) does: a package, not a GPU.
+    row = nbhw.quantization().row("gptq").here
+    assert row.status is Status.PACKAGE and row.status is nbhw.quantization().row("awq").here.status, row
+    assert "pip install gptqmodel" in (row.fix or "") and "GPU" not in (row.fix or "") + row.why
+    # With gptqmodel present, the row no longer asks for it (optimum's gptq module is still missing here).
+    gptqmodel_present(monkeypatch)
+    present = nbhw.quantization().row("gptq").here
+    assert present.status is Status.PACKAGE and "gptqmodel" not in (present.fix or ""), present
+    assert "pip install optimum" in (present.fix or "")

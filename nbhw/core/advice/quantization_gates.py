@@ -20,7 +20,7 @@ from typing import Any
 from nbhw.core.advice.quantization_methods import classes, hub_kernels, one_line
 from nbhw.core.advice.status import Status
 from nbhw.core.hardware import package_checks, since_start
-from nbhw.core.hf.as_if import AsIf, NotModelled, TargetDevice
+from nbhw.core.hf.as_if import AsIf, NotModelled, TargetDevice, stand_in
 
 READ = "transformers' own checks"
 DOCS = "documentation"
@@ -92,9 +92,40 @@ def _missing(run: AsIf, exc: BaseException) -> str | None:
     return unmet[-1] if unmet and isinstance(exc, ImportError) else None
 
 
-def _one_pass(key: str, config: Any, where: Where, pre: bool, assume: list[str], *, bare: bool) -> tuple[_Pass, AsIf]:
+# An installed package's version, as a check reads it for a package it is told to assume installed: the release pip
+# installs now, which nbhw can't know offline; it is read as newer than any floor transformers states.
+RELEASE_PIP_INSTALLS = "999"
+
+
+def _versions(installing: set[str], read: list[str]) -> dict[str, Any]:
+    """Stand-ins for ``importlib.metadata`` in a check's globals: the packages being installed have a version (each
+    one so read is added to ``read``)."""
+    from importlib import metadata
+
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            if _dist(name) not in installing:
+                raise
+            if name not in read:
+                read.append(name)
+            return RELEASE_PIP_INSTALLS
+
+    view = stand_in("importlib.metadata", {"version": version}, metadata)
+    return {"metadata": view, "importlib": stand_in("importlib", {"metadata": view}, importlib)}
+
+
+def _dist(name: str) -> str:
+    return name.casefold().replace("_", "-")
+
+
+def _one_pass(
+    key: str, config: Any, where: Where, pre: bool, assume: list[str], *, bare: bool, installing: set[str],
+    read: list[str],
+) -> tuple[_Pass, AsIf]:  # fmt: skip
     qcls, _ = classes(key)
-    run = AsIf(where.device, assume)
+    run = AsIf(where.device, assume, answers=_versions(installing, read))
     out = _Pass()
     try:
         q = _new_quantizer(qcls, copy.deepcopy(config), pre, run, bare)
@@ -138,25 +169,69 @@ def _dtype_for(qcls: Any, q: Any, wanted: str, run: AsIf) -> tuple[str, str | No
     return name, (f"update_dtype changes dtype {wanted} to {name}" if name != wanted else None)
 
 
+def _unmet(run: AsIf) -> str | None:
+    """The last package check the run found False here and did not assume: a refusal may follow from it."""
+    unmet = [name for name, here in run.seen.packages if not here and name not in run.assume]
+    return unmet[-1] if unmet else None
+
+
+def _read_again(out: _Pass, run: AsIf) -> bool:
+    """A refusal after a package check answered False here: the package becomes the pass's missing one, to read the
+    check again with it installed (GPTQ refuses a CPU only while gptqmodel is missing)."""
+    unmet = _unmet(run) if out.missing is None and out.error is not None else None
+    if unmet is not None:
+        out.missing = (unmet, f"{unmet}() is False here (pip install {_pkg(unmet)})")
+    return unmet is not None
+
+
+def _assume(missing: str, assume: list[str], installing: set[str]) -> bool:
+    """Take the missing package as installed on the next pass; True when that pass can read only a bare quantizer
+    (a module the package checks didn't see)."""
+    if missing.startswith("module:"):
+        installing.add(_dist(missing.removeprefix("module:").split(".")[0]))
+        return True
+    assume.append(missing)
+    installing.add(_dist(_pkg(missing)))
+    return False
+
+
+def _same_refusal(a: _Pass, b: _Pass) -> bool:
+    return a.error is not None and b.error is not None and one_line(a.error) == one_line(b.error)
+
+
 def gate(key: str, config: Any, where: Where, pre_quantized: bool = False) -> Gate:
-    """transformers' checks for ``key`` on ``where``, reading past missing packages (they become the fix)."""
+    """transformers' checks for ``key`` on ``where``, reading past missing packages (they become the fix).
+
+    A refusal that follows a package check answered False (GPTQ: "GPU is required" unless gptqmodel is installed)
+    is read again with that package assumed installed; the package joins the fix only if the answer changes.
+    """
     assume: list[str] = []
     installs: list[str] = []
+    installing: set[str] = set()
+    read: list[str] = []  # versions of packages not installed here that the checks compared
     calls: list[str] = []
     kept: list[str] = []
     bare = False
+    tried: tuple[_Pass, AsIf] | None = None
     for _ in range(MAX_PASSES):
-        out, run = _one_pass(key, config, where, pre_quantized, assume, bare=bare)
+        out, run = _one_pass(key, config, where, pre_quantized, assume, bare=bare, installing=installing, read=read)
         calls += [c for c in run.seen.calls if c not in calls]
         kept += [k for k in run.seen.kept if k not in kept]
+        if tried is not None and _same_refusal(out, tried[0]):
+            out, run = tried  # the package changes nothing: the refusal stands, and the package is not in the fix
+            out.missing = None
+            assume.pop()
+            installs.pop()
+            break
+        tried = (out, run) if _read_again(out, run) else None
         if out.missing is None:
             break
-        if out.missing[0].startswith("module:"):
-            bare = True
-        else:
-            assume.append(out.missing[0])
+        bare = _assume(out.missing[0], assume, installing) or bare
         installs.append(out.missing[1])
     notes = [f"transformers logs: {msg}" for level, msg in run.seen.logs if level in {"warning", "warn", "error"}]
+    if read:
+        notes.append(f"{', '.join(read)}: not installed here; transformers' version checks read the release pip "
+                     "installs as new enough")  # fmt: skip
     g = _verdict(out, where, installs, notes + run.seen.quirks)
     g.calls, g.dtype = calls, out.dtype
     if out.dtype_note:

@@ -105,6 +105,11 @@ class _Namespace:
         raise NotModelled(f"{self._path}.{name}")
 
 
+def stand_in(path: str, members: dict[str, Any], fallback: Any) -> Any:
+    """A module as a copy should see it: ``members`` answer, everything else is the real module's."""
+    return _Namespace(path, members, fallback)
+
+
 class _Log:
     """transformers' logger, recorded instead of printed (warnings that change a verdict become notes)."""
 
