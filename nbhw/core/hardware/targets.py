@@ -475,8 +475,8 @@ def target_of(text: str | None) -> Target | None:
 TARGET: dict[str, Any] = {
     "metavar": "NAME",
     "check": check_target,
-    "help": "plan for hardware that is not here, from nbhw's catalog: 'T4', '2x H100-80GB', '4 x A100 40GB' "
-    "(nbhw.targets() lists them)",
+    "help": "plan for hardware that is not here, from nbhw's catalog: 'T4', '2x H100-80GB', '4 x A100 40GB', "
+    "'T4 ECC off' (nbhw.targets() lists them)",
 }
 
 
