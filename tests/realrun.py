@@ -77,9 +77,13 @@ def real_generate(
     new_tokens: int,
     encoder_tokens: int | None = None,
     generation: dict[str, Any] | None = None,
+    inputs: dict[str, Any] | None = None,
 ) -> RealRun:
-    """generate() for real on CPU: ``new_tokens`` = 1 is the prefill alone, 2 the prefill and one decode step."""
-    inputs = generate_inputs(model, batch, prompt, encoder_tokens)
+    """generate() for real on CPU: ``new_tokens`` = 1 is the prefill alone, 2 the prefill and one decode step.
+
+    ``inputs``: what the caller passes (a tokenizer's batch: input_ids and attention_mask), held for the whole run;
+    by default token ids alone, ``batch`` x ``prompt``."""
+    inputs = inputs if inputs is not None else generate_inputs(model, batch, prompt, encoder_tokens)
     options = dict(
         max_new_tokens=new_tokens,
         min_new_tokens=new_tokens,

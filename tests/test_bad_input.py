@@ -365,6 +365,7 @@ ONE_VALUE: dict[str, tuple[str, st.SearchStrategy[str]]] = {
     "load --dtype": ("load TINY --emit --dtype {}", st.one_of(st.sampled_from(DTYPES), RANDOM_WORDS)),
     "load --attn": ("load TINY --emit --attn {}", either(ATTNS, r"(paged\|)?[a-z_/:@-]{0,20}")),
     "load --quantize": ("load TINY --emit --quantize {}", st.one_of(st.sampled_from(["4bit", "8bit"]), RANDOM_WORDS)),
+    "load --padding": ("load TINY --emit --batch 2 --padding {}", either(["left", "none", "right", ""], "[a-z]{0,5}")),
     "attention --target": ("attention --target {}", either(TARGETS, TARGET_LIKE)),
     "quantization --target": ("quantization --target {}", either(TARGETS, TARGET_LIKE)),
     "load --target": ("load TINY --emit --target {}", either(TARGETS, TARGET_LIKE)),

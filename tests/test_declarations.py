@@ -47,6 +47,7 @@ SHOWN = {
     # takes 256 positions and is decoder-only (an encoder length would be a mistake for it).
     "context": "200",
     "batch": 4,
+    "padding": "none",  # how the batch's prompts come: read by the dry run, not by from_pretrained
     "encoder_length": None,
     "reserve": "600MiB",
     "pinned": None,  # a pinned run to compare with: read by the plan, not passed to from_pretrained

@@ -23,6 +23,7 @@ from nbhw.core.hardware.targets import TARGET, check_target_args
 from nbhw.core.hf import library_source
 from nbhw.core.hf.meta_build import is_hub_kernel, quiet
 from nbhw.core.plan.pinned import check_pinned
+from nbhw.core.plan.run import PADDINGS
 from nbhw.core.render import py_literal
 
 # --quantize word -> the BitsAndBytesConfig flag it sets (the other words are transformers' method keys).
@@ -312,6 +313,17 @@ def batch_from_text(text: str) -> int:
     return int(text)
 
 
+PADDING_WORDS = tuple(PADDINGS)
+DEFAULT_PADDING = "left"  # a batch from a tokenizer is padded; at batch 1 it is the same run as "none"
+
+
+def check_padding(value: Any) -> str:
+    """How the batch's prompts come to generate(): left (padded on the left to the longest) or none (no padding)."""
+    if value not in PADDING_WORDS:
+        raise one_of("padding", value, PADDING_WORDS)
+    return str(value)
+
+
 def encoder_length_from_text(text: str) -> int:
     """``--encoder-length`` words: a token count like 512 or 4k."""
     return tokens(text, "encoder_length")
@@ -422,6 +434,12 @@ class PlanArgs:
     batch: int = argument(
         default=1, metavar="N", parse=batch_from_text, check=check_batch, word=word, control="text",
         help="sequences generated together (default 1)",
+    )  # fmt: skip
+    padding: str = argument(
+        default=DEFAULT_PADDING, choices=PADDING_WORDS, check=check_padding,
+        help="how the batch's prompts come: left (default: a tokenizer's batch for generate(), padded on the left to "
+        "the longest prompt, so transformers builds a batch x prompt x context attention mask; at batch 1 nothing "
+        "is padded) or none (every prompt the same length, unpadded)",
     )  # fmt: skip
     encoder_length: int | None = argument(
         metavar="TOKENS", parse=encoder_length_from_text, check=check_encoder_length, word=word,

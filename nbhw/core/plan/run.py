@@ -7,6 +7,11 @@ create the cache ``generate()`` would create, and runs ``generate()``'s own pref
 passes it) and one decode step, on the meta device, measured by torch's ``MemTracker`` per device of the plan's
 device_map (see :mod:`nbhw.core.hf.dryrun`). Every byte figure is an allocation the tracker saw.
 
+The prompt comes as a tokenizer gives it: token ids and an attention_mask, held by the caller for the whole run, and
+left-padded when the plan says so (``padding``). The mask carries its values on the meta device
+(:mod:`nbhw.core.hf.values`), so transformers' own code decides what it decides on a real batch: generate() drops an
+all-ones mask, and masking_utils builds the batch x 1 x query x key mask only when something is padded.
+
 :func:`max_context` and :func:`max_batch` search with dry runs: every tracked allocation size is a polynomial in
 the batch (degree 1) and the context (degree <= 2, attention scores), so the memory timelines of three dry runs fix
 the whole timeline at any size; the answer is then confirmed by a dry run at the next size up.
@@ -30,7 +35,7 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from nbhw.core.hf import depth, dryrun, meta_build, offloading
+from nbhw.core.hf import depth, dryrun, meta_build, offloading, values
 from nbhw.core.plan import run_depth
 
 # A prefill plus one decode step dispatches 11-16 ops per module whatever the context (measured: Llama-70B 11.7,
@@ -41,6 +46,11 @@ MIN_OPS = 30_000
 LOOP_OPS_PER_MODULE = 60
 NO_LIMIT = 1 << 20  # tokens, for a config that names no maximum position (relative or no position embeddings)
 ONE_DEVICE: tuple[tuple[str, Hashable], ...] = (("", "cpu"),)
+# How a batch's prompts come to generate(), in the words of the plan's ``padding`` argument.
+PADDINGS = {
+    "left": "left-padded to the longest, as a tokenizer pads a batch for generate()",
+    "none": "all the same length, unpadded",
+}
 
 # ----------------------------------------------------------------------------------------------- dtype plan
 
@@ -138,6 +148,7 @@ class RunEstimate:
     kernels: dict[str, int]  # how the dry run sized attention / grouped_mm (see dryrun.attention_as_on)
     logits_to_keep: int | None
     target: str
+    padding: str = "none"  # how the batch's prompts came (PADDINGS)
     devices: dict[Hashable, DeviceRun] = field(default_factory=dict)  # by device_map value (0, 1, "cpu", ...)
     not_covered: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -277,6 +288,7 @@ class Sizes:
     generation: tuple[tuple[str, Any], ...] = ()  # generate() options, sorted items
     inputs: tuple[tuple[str, Any], ...] = ()  # extra inputs by shape: (name, shape) or (name, (shape, dtype))
     device_map: tuple[tuple[str, Hashable], ...] = ONE_DEVICE
+    padding: str = "none"  # how the batch's prompts come: PADDINGS
 
     def check(self) -> None:
         if self.batch < 1 or self.prompt < 1 or self.context < self.prompt + 1:
@@ -284,6 +296,8 @@ class Sizes:
                 f"need batch >= 1 and 1 <= prompt < context (got batch {self.batch}, prompt {self.prompt}, "
                 f"context {self.context})"
             )
+        if self.padding not in PADDINGS:
+            raise ValueError(f"padding must be one of {', '.join(PADDINGS)}, not {self.padding!r}")
 
 
 class _Run:
@@ -347,6 +361,21 @@ def _cache_notes(cache: Any) -> list[str]:
     return notes
 
 
+def attention_mask(batch: int, tokens: int, padding: str) -> Any:
+    """The attention_mask a tokenizer gives generate() for ``batch`` prompts of up to ``tokens`` tokens (CPU, int64).
+
+    "none": all ones. "left": the first prompt is the longest, every other one token shorter, padded on the left
+    (the masks transformers builds from it are the same size whatever the amount of padding); at batch 1 or with
+    one-token prompts nothing is padded.
+    """
+    import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
+
+    mask = torch.ones(batch, tokens, dtype=torch.long)
+    if padding == "left" and tokens > 1:
+        mask[1:, 0] = 0
+    return mask
+
+
 def _extra_inputs(inputs: tuple[tuple[str, Any], ...], dev: Any, dtype: Any) -> dict[str, Any]:
     """Extra generate() inputs named by shape (e.g. pixel_values), as zeros on the run's device."""
     import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
@@ -389,31 +418,71 @@ class _DryRun:
         self.encoder_tokens = tokens if self.encoder_decoder else None
         self.keep = 1 if model.can_generate() and model._supports_logits_to_keep() else None
         self.step = "building the inputs"
+        self.known: Any = None  # the mode whose meta tensors carry values (while measured)
+        self.held: tuple[Any, ...] = ()  # the caller's inputs and what generate() keeps for the whole run
 
     def kwargs(self) -> tuple[Any, dict[str, Any]]:
-        """generate()'s model kwargs before the cache: encoder outputs, position ids, logits_to_keep."""
+        """generate()'s model kwargs before the cache, in generate()'s order: the caller's attention mask, position
+        ids (then an all-ones mask is dropped), encoder outputs, logits_to_keep."""
         import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
 
         model, s, dev = self.model, self.sizes, self.dev
-        kwargs = _extra_inputs(s.inputs, dev, model.dtype)
-        if kwargs and not self.encoder_decoder:
+        extra = _extra_inputs(s.inputs, dev, model.dtype)
+        enc = _encoder_inputs(model, s.batch, int(self.encoder_tokens or 0), dev) if self.encoder_decoder else None
+        ids = torch.zeros(s.batch, s.prompt, dtype=torch.long, device=dev)
+        mask = self._caller_mask(s.prompt if enc is None else enc.shape[1])
+        self.held = (ids, enc, mask, *self._generate_state())  # alive until generate() returns
+        kwargs = {**extra, "attention_mask": mask} if mask is not None else dict(extra)
+        if not self.encoder_decoder and "position_ids" in inspect.signature(model.forward).parameters:
+            kwargs["position_ids"] = model._prepare_position_ids_for_generation(ids, kwargs)
+        if mask is not None and self._drops_mask(mask):
+            kwargs["attention_mask"] = None
+        self.gen._mask_length = s.prompt
+        if extra and not self.encoder_decoder:
             self.step = "the multimodal encoder"
             kwargs = model._maybe_prepare_encoder_kwargs_for_generation(None, kwargs, None, self.gen)
-        if self.encoder_decoder:
+        if enc is not None:
             self.step = "the encoder forward"
-            enc = _encoder_inputs(model, s.batch, int(self.encoder_tokens or 0), dev)
             kwargs = model._maybe_prepare_encoder_kwargs_for_generation(enc, kwargs, model.main_input_name, self.gen)
-        ids = torch.zeros(s.batch, s.prompt, dtype=torch.long, device=dev)
-        if not self.encoder_decoder and "position_ids" in inspect.signature(model.forward).parameters:
-            # generate(): an all-ones mask gives the position ids, then the mask is dropped (no padding).
-            kwargs["attention_mask"] = torch.ones(s.batch, s.prompt, dtype=torch.long, device=dev)
-            kwargs["position_ids"] = model._prepare_position_ids_for_generation(ids, kwargs)
-            del kwargs["attention_mask"]
-        self.gen._mask_length = s.prompt
         if self.keep is not None:
             kwargs["logits_to_keep"] = self.keep
         self.gen.max_length = s.context + 1  # the last token is sampled but never forwarded
         return ids, kwargs
+
+    def _caller_mask(self, tokens: int) -> Any | None:
+        """The tokenizer's attention_mask passed with the prompt (int64, on the device), carrying its values so that
+        transformers' own mask code sees the padding; None where the forward takes none or the input is not tokens."""
+        import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
+
+        model = self.model
+        if model.main_input_name != "input_ids" or "attention_mask" not in inspect.signature(model.forward).parameters:
+            return None
+        with values.unseen():
+            padded = attention_mask(self.sizes.batch, tokens, self.sizes.padding)
+        mask = torch.ones(padded.shape, dtype=padded.dtype, device=self.dev)
+        self.known.give(mask, padded)
+        return mask
+
+    def _generate_state(self) -> list[Any]:
+        """What generate() holds from start to end besides the caller's inputs: its special tokens as tensors (its
+        own _prepare_special_tokens, run on the CPU where its checks can read them; one copy of each on the device)
+        and _sample's unfinished_sequences (one int64 per sequence)."""
+        import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
+
+        with values.unseen():
+            self.model._prepare_special_tokens(self.gen, True, device="cpu", batch_size=self.sizes.batch)
+        tokens = [getattr(self.gen, f"_{name}_token_tensor", None) for name in ("bos", "eos", "pad", "decoder_start")]
+        distinct = {int(t.untyped_storage()._cdata): t for t in tokens if isinstance(t, torch.Tensor)}
+        held = [torch.empty_like(t, device=self.dev) for t in distinct.values()]
+        return [*held, torch.ones(self.sizes.batch, dtype=torch.long, device=self.dev)]
+
+    def _drops_mask(self, mask: Any) -> bool:
+        """generate() drops an all-ones mask once the position ids are made (decoder-only models, unless flash
+        attention runs a static cache): its own test, on the mask's values."""
+        from transformers.utils.generic import is_flash_attention_requested  # lazy: as above
+
+        static = self.gen.cache_implementation == "static" and is_flash_attention_requested(self.model.config)
+        return not self.encoder_decoder and not static and bool((mask == 1).all())
 
     def generate(self) -> dict[str, Any]:
         """The prefill and one decode step, as generate()'s _sample runs them; the figures at each point."""
@@ -523,9 +592,10 @@ class _DryRun:
             if offloading.asks_offloading(self.sizes.generation)
             else contextlib.nullcontext(),
             self.tracker,
+            values.known_values() as known,  # after the tracker: the values' CPU ops are not the run's
         ):
             self.tracker.now = self.tracker.index(first)
-            self.routing = routed
+            self.routing, self.known = routed, known
             yield routed
 
     @contextlib.contextmanager
@@ -573,7 +643,7 @@ class _DryRun:
             weight_bytes=weights, cache_bytes=held, cache_decode_bytes=found["decode_held"], state_bytes=state,
             cross_cache_bytes=cross, activation_bytes=max(prefill - weights - held, 0), prefill_peak_bytes=prefill,
             decode_peak_bytes=decode, cache_class=found["cache_class"], layer_classes=found["classes"],
-            kernels=kernels, logits_to_keep=self.keep, target=s.target, devices=devices,
+            kernels=kernels, logits_to_keep=self.keep, target=s.target, padding=s.padding, devices=devices,
             not_covered=_notes(self.model, s.target, kernels, len(devices)) + found["cache_notes"],
             seconds=time.perf_counter() - started,
         )  # fmt: skip
@@ -585,8 +655,10 @@ class _DryRun:
 
         s = self.sizes
         with self._measured() as routed:
-            out = self.model(input_ids=torch.zeros(s.batch, s.context, dtype=torch.long, device=self.dev))
-            del out
+            ids = torch.zeros(s.batch, s.context, dtype=torch.long, device=self.dev)
+            mask = self._caller_mask(s.context)
+            out = self.model(input_ids=ids, **({} if mask is None else {"attention_mask": mask}))
+            del out, ids, mask
         track = self.tracker
         timeline = _padded(track.timeline, len(track.devices))
         weights = sum(self.weights)
@@ -597,7 +669,7 @@ class _DryRun:
             cache_bytes=0, cache_decode_bytes=0, state_bytes=0, cross_cache_bytes=0,
             activation_bytes=max(peak - weights, 0), prefill_peak_bytes=peak, decode_peak_bytes=0,
             cache_class="none", layer_classes={}, kernels=kernels, logits_to_keep=None, target=s.target,
-            devices=self._per_device({}, {}),
+            padding=s.padding, devices=self._per_device({}, {}),
             not_covered=["no cache: this model does not generate; one forward at batch x context"],
             seconds=time.perf_counter() - started,
         )  # fmt: skip
@@ -667,6 +739,7 @@ def sizes(
     generation: dict[str, Any] | None = None,
     inputs: dict[str, Any] | None = None,
     device_map: dict[str, Hashable] | None = None,
+    padding: str = "none",
 ) -> Sizes:
     """The Sizes of a run (prompt defaults to context - 1; device_map to the whole model on one device)."""
     return Sizes(
@@ -678,6 +751,7 @@ def sizes(
         generation=tuple(sorted((generation or {}).items())),
         inputs=tuple(sorted((inputs or {}).items())),
         device_map=tuple(device_map.items()) if device_map else ONE_DEVICE,
+        padding=padding,
     )
 
 
@@ -692,6 +766,7 @@ def run_estimate(
     generation: dict[str, Any] | None = None,
     inputs: dict[str, Any] | None = None,
     device_map: dict[str, Hashable] | None = None,
+    padding: str = "none",
 ) -> RunEstimate:
     """Dry-run generate() on ``model`` (meta device): a prefill of the prompt, then one decode step.
 
@@ -702,10 +777,11 @@ def run_estimate(
     whose attention kernels size the work ("cuda", "cpu" or "math"). ``generation``: generate() options such as
     ``{"cache_implementation": "static"}``. ``inputs``: extra generate() inputs by shape, e.g. ``{"pixel_values":
     (1, 3, 336, 336)}`` (the prompt's image tokens count in ``context``). ``device_map``: count each allocation on
-    the device its module runs on (``estimate.devices``).
+    the device its module runs on (``estimate.devices``). ``padding``: how the batch's prompts come (PADDINGS); the
+    prompt's attention_mask is the tokenizer's, held by the caller for the whole run.
     """
     asked = sizes(batch, context, prompt_tokens=prompt_tokens, encoder_tokens=encoder_tokens, target=target,
-                  generation=generation, inputs=inputs, device_map=device_map)  # fmt: skip
+                  generation=generation, inputs=inputs, device_map=device_map, padding=padding)  # fmt: skip
     first = _run(model, asked).estimate
     if asked.prompt == context - 1 or not model.can_generate():
         return first
@@ -920,6 +996,7 @@ def max_context(
     encoder_tokens: int | None = None,
     limit: int | None = None,
     margins: Margins | None = None,
+    padding: str = "none",
 ) -> Fit:
     """Tokens per sequence (prompt + generated) that fit every device's limit at this batch, up to the model's limit.
 
@@ -932,7 +1009,7 @@ def max_context(
 
     def measure(n: int) -> _Run:
         return _run(model, sizes(batch, max(n, 2), target=target, generation=generation, device_map=device_map,
-                                 encoder_tokens=encoder_tokens))  # fmt: skip
+                                 encoder_tokens=encoder_tokens, padding=padding))  # fmt: skip
 
     note = ""
     if _ops_grow(model, measure, first):
@@ -975,12 +1052,13 @@ def max_batch(
     encoder_tokens: int | None = None,
     limit: int = 4096,
     margins: Margins | None = None,
+    padding: str = "none",
 ) -> Fit:
     """Sequences of ``context`` tokens that fit every device's limit together (``margins``: see max_context)."""
 
     def measure(n: int) -> _Run:
         return _run(model, sizes(n, context, target=target, generation=generation, device_map=device_map,
-                                 encoder_tokens=encoder_tokens))  # fmt: skip
+                                 encoder_tokens=encoder_tokens, padding=padding))  # fmt: skip
 
     return with_margins(lambda lim: _Search(measure, lim, (1, limit), degree=1)([1, 2]), measure, limits, margins)
 

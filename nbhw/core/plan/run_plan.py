@@ -156,6 +156,7 @@ def dry_run(plan: Any) -> Outcome:
         found = run.run_estimate(
             model, batch=plan.batch, context=plan.context, encoder_tokens=plan.args.encoder_length,
             target=plan.run_target, device_map=dict(placement.device_map), generation=generation(plan),
+            padding=plan.args.padding,
         )  # fmt: skip
     except run.DryRunError as exc:
         return Outcome(None, str(exc))
@@ -344,7 +345,7 @@ def context_fit(plan: Any) -> Fit | None:
         return run.max_context(
             plan.meta_model, limits(plan, outcome), batch=plan.batch, target=plan.run_target, start=plan.context,
             device_map=dict(plan.weight_placement.device_map), encoder_tokens=plan.args.encoder_length,
-            generation=generation(plan), margins=margins_of(plan),
+            generation=generation(plan), margins=margins_of(plan), padding=plan.args.padding,
         )  # fmt: skip
     except run.DryRunError:
         return None  # a loop over tokens at a longer context: the plan's own context is what is covered
@@ -362,7 +363,7 @@ def batch_fit(plan: Any) -> Fit | None:
         return run.max_batch(
             plan.meta_model, limits(plan, outcome), context=plan.context, target=plan.run_target,
             device_map=dict(plan.weight_placement.device_map), encoder_tokens=plan.args.encoder_length,
-            limit=BATCH_LIMIT, generation=generation(plan), margins=margins_of(plan),
+            limit=BATCH_LIMIT, generation=generation(plan), margins=margins_of(plan), padding=plan.args.padding,
         )  # fmt: skip
     except run.DryRunError:
         return None

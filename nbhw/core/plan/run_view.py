@@ -10,8 +10,10 @@ from typing import Any
 
 from nbhw.core import render
 from nbhw.core.plan import headroom, run_plan
+from nbhw.core.plan.arguments import DEFAULT_PADDING
 from nbhw.core.plan.estimate import Estimate
 from nbhw.core.plan.placement import DeviceShare, Placement
+from nbhw.core.plan.run import PADDINGS
 from nbhw.core.plan.run_plan import BATCH_LIMIT
 
 size = render.size
@@ -32,7 +34,16 @@ def run_title(plan: Any, *, run: bool = True) -> str:
     encoder = plan.run.encoder_tokens if run and plan.run is not None else plan.args.encoder_length
     if encoder is not None:
         tokens = f"decoder {tokens}, encoder {encoder:,} tokens"
-    return f"Estimate for {tokens}, batch {plan.batch}"
+    return f"Estimate for {tokens}, batch {plan.batch}{padding_words(plan)}"
+
+
+def padding_words(plan: Any) -> str:
+    """How the batch's prompts come (said when there is more than one), and whether that is the default."""
+    if plan.batch == 1:
+        return ""
+    padding = plan.args.padding
+    default = ", the default" if padding == DEFAULT_PADDING else ""
+    return f", prompts {PADDINGS[padding]} (padding={padding}{default})"
 
 
 def _cache_row(plan: Any, e: Estimate) -> str:
@@ -238,6 +249,7 @@ def run_dict(plan: Any) -> dict[str, Any]:
     return {
         "context": plan.context,
         "batch": plan.batch,
+        "padding": plan.args.padding,
         "run_target": plan.run_target,
         "max_context": plan.max_context,
         "max_batch": plan.max_batch,
