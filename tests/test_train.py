@@ -400,11 +400,24 @@ def torchrun(strategy: str, model: Path, work: Path, **extra: Any) -> tuple[int,
     args = train_args(batch=2, context=32, dtype="float32", device_type="cpu", strategy=strategy, devices=2,
                       **values)  # fmt: skip
     L.launch_files(str(model), args).write(work)
-    env = dict(
-        os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", NBHW_TEST_FSDP_ON_CPU="1", PYTHONPATH=str(ROOT)
-    )
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-           str(ROOT / "tests" / "train_rank.py"), str(work / "peaks"), L.SCRIPT_NAME]  # fmt: skip
+    return run_ranks(work, fake_accelerator_types=strategy == "tp")
+
+
+def run_ranks(
+    work: Path, *, accelerate: bool = False, fake_accelerator_types: bool = False
+) -> tuple[int, list[dict[str, Any]], str]:
+    """The launch files written in ``work`` run on 2 CPU ranks over gloo under tests/train_rank.py, started by
+    torchrun or by ``accelerate launch`` with the emitted config: the exit code, each rank's peaks, stderr's tail.
+    ``fake_accelerator_types``: train_rank.py's fake that lets accelerate take CPU processes for accelerators
+    (FSDP through accelerate, TP's parallelism config); FSDP2 on CPU needs no fake since it shards at load."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", PYTHONPATH=str(ROOT))
+    if fake_accelerator_types:
+        env["NBHW_TEST_FSDP_ON_CPU"] = "1"
+    rank = [str(ROOT / "tests" / "train_rank.py"), str(work / "peaks"), L.SCRIPT_NAME]
+    if accelerate:
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", L.ACCELERATE_CONFIG_NAME, *rank]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2", *rank]
     done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600, check=False)
     files = [work / "peaks" / f"rank{r}.json" for r in (0, 1)]
     return done.returncode, [json.loads(f.read_text()) for f in files if f.exists()], done.stderr[-6000:]
@@ -425,7 +438,8 @@ def test_torchrun_gloo_runs_the_emitted_script_and_each_rank_peaks_as_planned(
         if strategy == "fsdp2":
             assert rank["model"]["model"].startswith("FSDP")  # really sharded, not DDP in disguise
         # TP on the CPU only: transformers keeps each loaded shard as a view of the whole tensor (see train_rank.py),
-        # seen as 0.87-0.91 of the real peak with it. The plan follows the shards, as a GPU holds them.
+        # seen as 0.87-0.91 of the real peak with it. The plan follows the shards, as a GPU holds them. FSDP2 on CPU
+        # shards at load the same way, and its plan counts what the loading keeps (what a CPU plan runs).
         excess = rank["model"]["storage_excess"] if strategy == "tp" else 0
         assert excess == 0 or strategy == "tp"
         real = rank["peak"] - excess

@@ -24,7 +24,9 @@ def main() -> None:
     out, script = Path(sys.argv[1]), sys.argv[2]
     rank = int(os.environ.get("RANK", "0"))
     tracker = T.tracker_class()()
-    steps: dict[str, int] = {}
+    steps: dict[str, int] = {}  # the running peak of the whole run when each step ends
+    step_peaks: dict[str, int] = {}  # each step's own peak (what it holds at its worst, from its start)
+    running = [0]
     wrapped: dict[str, object] = {}
 
     class StepPeaks(TrainerCallback):  # type: ignore[misc]
@@ -32,15 +34,20 @@ def main() -> None:
 
         def on_step_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
             tracker.reset_mod_stats()  # MemTracker refuses a second forward of a module it has stats for
+            running[0] = max(running[0], _running_peak(tracker))
+            _restart_peak(tracker)  # this step's own peak from here (the running one is kept in `steps`)
 
         def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
-            snap = tracker.get_tracker_snapshot("peak").get(torch.device("cpu"), {})
-            steps[str(state.global_step)] = int(snap.get("Total", 0))
+            own = _running_peak(tracker)
+            running[0] = max(running[0], own)
+            steps[str(state.global_step)] = running[0]
+            step_peaks[str(state.global_step)] = own
             model = kwargs.get("model")
             wrapped.update(
                 model=type(model).__name__,
                 fsdp=[c.__name__ for c in type(model).__mro__][:4],
                 params=sum(T.local_nbytes(p) for p in model.parameters()),
+                sharded=sum(hasattr(p, "to_local") for p in model.parameters()),  # parameters held as DTensors
                 storage_excess=storage_excess(model),
             )
 
@@ -63,13 +70,29 @@ def main() -> None:
     (out / f"rank{rank}.json").write_text(
         json.dumps(
             {
-                "peak": int(peak.get("Total", 0)),
+                "peak": max(running[0], int(peak.get("Total", 0))),
                 "steps": steps,
+                "step_peaks": step_peaks,
                 "model": wrapped,
                 "breakdown": {str(k): int(v) for k, v in peak.items()},
             }
         )
     )
+
+
+def _running_peak(tracker: object) -> int:
+    import torch
+
+    snap = tracker.get_tracker_snapshot("peak").get(torch.device("cpu"), {})  # type: ignore[attr-defined]
+    return int(snap.get("Total", 0))
+
+
+def _restart_peak(tracker: object) -> None:
+    """Start the tracker's peak again from what is held now: MemTracker's peak only grows, and a step's own peak
+    (from its start) is what the plan's figures are."""
+    for dev, current in tracker._curr_mem_snap.items():  # type: ignore[attr-defined]
+        tracker._peak_mem[dev] = current["Total"]  # type: ignore[attr-defined]
+        tracker._peak_mem_snap[dev] = dict(current)  # type: ignore[attr-defined]
 
 
 def storage_excess(model: object) -> int:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nbhw.core.hf.library_source import function_source, library_file
 from nbhw.core.render import py_str
 from nbhw.core.train.arguments import TrainArgs
 from nbhw.core.train.step import DOUBLE_QUANT, QUANT_TYPE
@@ -28,6 +30,62 @@ ZERO = ("zero2", "zero3")
 
 def _several(args: TrainArgs) -> bool:
     return args.world_size > 1
+
+
+@functools.cache
+def accelerate_fsdp_types() -> tuple[str, ...] | None:
+    """The distributed types accelerate turns into FSDP, read from ``AcceleratorState.__init__`` (the
+    ``self.distributed_type in [...]`` branch that sets ``DistributedType.FSDP``); None: not found there.
+
+    accelerate 1.16 lists the multi-accelerator types only (MULTI_GPU, MULTI_XPU, ...): on CPU processes
+    (MULTI_CPU) ``Trainer(fsdp=...)`` and ``accelerate launch`` with an FSDP config train plain DDP, silently.
+    """
+    path = library_file("accelerate", "state.py")
+    source = function_source(path, "AcceleratorState.__init__") if path is not None else None
+    if source is None:
+        return None
+    for node in ast.walk(ast.parse(source)):
+        if _sets_fsdp(node):
+            return tuple(ast.unparse(e).rpartition(".")[2] for e in node.test.comparators[0].elts)  # type: ignore[attr-defined]
+    return None
+
+
+def _sets_fsdp(node: ast.AST) -> bool:
+    if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)):
+        return False
+    listed = node.test.comparators[0]
+    return (
+        ast.unparse(node.test.left) == "self.distributed_type"
+        and isinstance(node.test.ops[0], ast.In)
+        and isinstance(listed, ast.List | ast.Tuple)
+        and "DistributedType.FSDP" in ast.unparse(ast.Module(node.body, []))
+    )
+
+
+def shards_at_load(device_type: str) -> bool:
+    """FSDP2 on ``device_type`` through transformers' own sharding at load (``DistributedConfig(fsdp_size=N)``,
+    which Trainer leaves unwrapped) instead of accelerate's: where accelerate would not turn the processes into
+    FSDP (CPU devices)."""
+    return device_type == "cpu" and "MULTI_CPU" not in (accelerate_fsdp_types() or ())
+
+
+def fsdp2_at_load(args: TrainArgs) -> bool:
+    """This plan's FSDP2 shards at load (see :func:`shards_at_load`)."""
+    return args.strategy == "fsdp2" and shards_at_load(args.device_type)
+
+
+def fsdp2_at_load_note(args: TrainArgs) -> str:
+    """Why the script shards at load, in accelerate's and transformers' words."""
+    from importlib.metadata import version
+
+    listed = accelerate_fsdp_types()
+    which = ", ".join(listed) if listed else "no type nbhw could read"
+    return (
+        f"FSDP2 on CPU processes: accelerate {version('accelerate')} turns FSDP on only for {which} (not MULTI_CPU), "
+        "so Trainer(fsdp=...) and `accelerate launch` with an FSDP config would train plain DDP here; the script "
+        f"shards at load with transformers' own FSDP2 (DistributedConfig(fsdp_size={args.world_size})), which "
+        "Trainer leaves unwrapped, and torchrun starts it"
+    )
 
 
 # --------------------------------------------------------------------------------------------- TrainingArguments
@@ -114,7 +172,7 @@ def training_arguments(args: TrainArgs) -> list[tuple[str, str]]:
         kwargs.append(("use_cpu", "True"))
         if _several(args):
             kwargs.append(("ddp_backend", py_str("gloo")))
-    if args.strategy == "fsdp2":
+    if args.strategy == "fsdp2" and not fsdp2_at_load(args):
         kwargs += [("fsdp", "True"), ("fsdp_config", _literal(fsdp_config(args)))]
     if args.strategy in ZERO:
         kwargs.append(("deepspeed", py_str(DEEPSPEED_CONFIG_NAME)))
@@ -151,6 +209,9 @@ def _load_lines(model_id: str, args: TrainArgs) -> list[str]:
         # transformers 5.24 takes the plan in DistributedConfig (a bare tp_plan= is deprecated); the TP size
         # defaults to WORLD_SIZE: one process per device (torchrun), and no device_map.
         parts.append('distributed_config=DistributedConfig(tp_plan="auto")')
+    elif fsdp2_at_load(args):
+        offload = ", fsdp_cpu_offload=True" if args.offload else ""
+        parts.append(f"distributed_config=DistributedConfig(fsdp_size={args.world_size}{offload})")
     elif args.method == "qlora" and args.device_type == "cpu":
         parts.append('device_map="cpu"')
     elif args.method == "qlora" and _several(args):
@@ -212,7 +273,7 @@ def _imports(args: TrainArgs) -> list[str]:
     names = ["AutoModelForCausalLM", "AutoTokenizer", "DataCollatorForLanguageModeling", "Trainer", "TrainingArguments"]
     if args.method == "qlora":
         names.append("BitsAndBytesConfig")
-    if args.strategy == "tp":
+    if args.strategy == "tp" or fsdp2_at_load(args):
         names.append("DistributedConfig")
     lines = ["import torch", f"from transformers import {', '.join(sorted(names))}"]
     several = _several(args) and args.device_type != "cpu"
@@ -259,6 +320,10 @@ def accelerate_config(args: TrainArgs) -> dict[str, Any]:
     """The accelerate config for ``accelerate launch``: topology, precision and the FSDP2 / DeepSpeed section.
 
     The script's TrainingArguments carry the same FSDP / DeepSpeed settings, so ``torchrun`` runs it unchanged.
+    Several CPU processes are written as MULTI_GPU with ``use_cpu: true``: ``accelerate launch`` starts processes
+    through torchrun only for the multi-accelerator types (``_validate_launch_command`` / ``launch_command``);
+    MULTI_CPU starts one process unless MPI is set up. Each process then runs on the CPU (``use_cpu``, and the
+    script's ``TrainingArguments(use_cpu=True)``), where accelerate makes it MULTI_CPU.
     """
     precision = _precision_flag(args) or "no"
     config: dict[str, Any] = {
@@ -279,7 +344,9 @@ def accelerate_config(args: TrainArgs) -> dict[str, Any]:
                 "rdzv_backend": "static",
             }
         )
-    if args.strategy == "fsdp2":
+    if fsdp2_at_load(args):
+        config["distributed_type"] = "MULTI_GPU"  # processes only (see accelerate_config); the script shards at load
+    elif args.strategy == "fsdp2":
         config["distributed_type"] = "FSDP"
         config["fsdp_config"] = {
             "fsdp_version": 2,
@@ -298,7 +365,7 @@ def accelerate_config(args: TrainArgs) -> dict[str, Any]:
         # accelerate refuses mixed_precision beside a DeepSpeed config file: the file holds it.
         config.pop("mixed_precision")
     elif _several(args):
-        config["distributed_type"] = "MULTI_CPU" if args.device_type == "cpu" else "MULTI_GPU"
+        config["distributed_type"] = "MULTI_GPU"  # with use_cpu on CPU devices: see accelerate_config
     else:
         config["distributed_type"] = "NO"
     return config
@@ -374,6 +441,9 @@ def launch_files(model_id: str, args: TrainArgs) -> LaunchFiles:
     if args.strategy == "tp":
         command = commands["torchrun"]
         notes.append("tp_plan='auto' needs one process per device (torchrun) and no device_map")
+    elif fsdp2_at_load(args):
+        command = commands["torchrun"]
+        notes.append(fsdp2_at_load_note(args))
     elif args.strategy in ("fsdp2", "zero2", "zero3"):
         command = commands["accelerate"]
     elif args.strategy == "single":

@@ -363,8 +363,14 @@ def tracker_class() -> type:
 
 def _recompute_contexts(target: str) -> tuple[Any, Any]:
     """checkpoint's context_fn: the recompute in backward runs outside any torch-function mode (autograd clears
-    them), so the attention routing is entered again there."""
-    return contextlib.nullcontext(), dryrun.attention_as_on(target)
+    them), so the attention and grouped_mm routing is entered again there."""
+    return contextlib.nullcontext(), _recompute_routing(target)
+
+
+@contextlib.contextmanager
+def _recompute_routing(target: str) -> Iterator[None]:
+    with dryrun.attention_as_on(target), grouped_mm_as_on_device():
+        yield
 
 
 _PATCH_LOCK = threading.RLock()
@@ -372,20 +378,27 @@ _PATCH_LOCK = threading.RLock()
 
 @contextlib.contextmanager
 def _unpacked_rows() -> Iterator[None]:
-    """Answer transformers' one data question as the dry run's rows do: one sequence per row, nothing packed.
+    """Answer transformers' data questions as the dry run's rows do: one sequence per row, nothing packed, no
+    padding.
 
     Not ``masking_utils.is_tracing``: answering "tracing" makes transformers build the packed-sequence mask, a
-    batch x T x T boolean tensor the real step never holds, and lose SDPA's is_causal fast path.
+    batch x T x T boolean tensor the real step never holds, and lose SDPA's is_causal fast path. The padding
+    question is ``warn_if_padding_and_no_attention_mask`` (GPT-2, OPT, BERT ... with a ``pad_token_id``): it looks
+    for the pad token in the ids (a ``.item()``) only to log a warning, and only without an attention mask; the
+    emitted cell's collator always hands one, so the real step never asks.
     """
-    from transformers import masking_utils  # lazy: import nbhw stays free of transformers
+    from transformers import PreTrainedModel, masking_utils  # lazy: import nbhw stays free of transformers
 
     with _PATCH_LOCK:
-        original = masking_utils.find_packed_sequence_indices
+        packed = masking_utils.find_packed_sequence_indices
+        padded = PreTrainedModel.warn_if_padding_and_no_attention_mask
         masking_utils.find_packed_sequence_indices = lambda position_ids: None
+        PreTrainedModel.warn_if_padding_and_no_attention_mask = lambda self, input_ids, attention_mask: None
         try:
             yield
         finally:
-            masking_utils.find_packed_sequence_indices = original
+            masking_utils.find_packed_sequence_indices = packed
+            PreTrainedModel.warn_if_padding_and_no_attention_mask = padded
 
 
 @contextlib.contextmanager
@@ -409,6 +422,53 @@ def _autocast_on_meta() -> Iterator[None]:
             yield
         finally:
             torch.autocast = original  # type: ignore[misc]
+
+
+class _GroupedMm:
+    """The methods of :func:`grouped_mm_as_on_device`'s mode (a TorchFunctionMode, made on first use)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        t = dryrun._torch()
+        if func in t.grouped_mm and _refused_by_meta(args, kwargs, t.torch):
+            return dryrun._grouped_mm_on_meta().apply(args[0], args[1], kwargs["offs"])
+        return func(*args, **kwargs)
+
+
+def _refused_by_meta(args: Any, kwargs: dict[str, Any], torch: Any) -> bool:
+    """A grouped_mm on fake tensors (FSDP2's step) that its meta registration would refuse: it applies CUDA's
+    bfloat16-only check, while the CPU kernel (what transformers' ``_can_use_grouped_mm`` picks on a CPU with
+    torch >= 2.9) and CUDA's own fallback take any float dtype. Meta tensors are the run planner's routing's."""
+    first = args[0] if args else None
+    return (
+        isinstance(first, torch.Tensor)
+        and first.device.type != "meta"
+        and first.dtype != torch.bfloat16
+        and kwargs.get("offs") is not None
+    )
+
+
+@functools.cache
+def _grouped_mm_class() -> type:
+    from torch.overrides import TorchFunctionMode  # lazy: import nbhw stays free of torch
+
+    return type("GroupedMmAsOnDevice", (_GroupedMm, TorchFunctionMode), {"__module__": __name__})
+
+
+@contextlib.contextmanager
+def grouped_mm_as_on_device() -> Iterator[None]:
+    """Within the block, an MoE's float32 / float16 grouped_mm on FSDP2's fake tensors runs as on the device: the
+    output of transformers' own fallback op under torch's grouped_mm autograd rule (the run planner's answer for
+    meta tensors, :func:`nbhw.core.hf.dryrun.attention_as_on`), not the meta registration's refusal."""
+    with _grouped_mm_class()():
+        yield
+
+
+@contextlib.contextmanager
+def sharded_step_context() -> Iterator[None]:
+    """What FSDP2's step on fake CPU tensors needs to run as it would on the device."""
+    with _unpacked_rows(), grouped_mm_as_on_device():
+        yield
 
 
 @contextlib.contextmanager
@@ -438,6 +498,11 @@ class StepMemory:
     peak_phase: str
     breakdown: dict[str, int] = field(default_factory=dict)  # the tracker's categories at the peak
     notes: list[str] = field(default_factory=list)
+    # Step 1 as Trainer.train() runs it: what it prepares before the first forward (FSDP2: accelerate shards the
+    # whole model), then the step without optimizer state. ``whole_model``: the model before sharding (bytes).
+    first_step_peak: int = 0
+    preparation_peak: int = 0
+    whole_model: int = 0
     # The trainable parameters backward gave a gradient ("name|stride", layer index as *).
     with_gradient: list[str] = field(default_factory=list)
 
@@ -525,6 +590,7 @@ def measure_step(
         peak_phase=phase,
         breakdown=fb_peak if phase == "forward/backward" else peak,
         with_gradient=with_gradient,
+        first_step_peak=max(fb_total, step_total),
     )
 
 
@@ -579,7 +645,7 @@ class Setup:
         return self._fake if self._fake is not None else contextlib.nullcontext()
 
     def step_context(self, args: TrainArgs) -> Any:
-        return _unpacked_rows() if self.strategy == "fsdp2" else meta_step_context(attention_target(args))
+        return sharded_step_context() if self.strategy == "fsdp2" else meta_step_context(attention_target(args))
 
     def build(self, config: Any, args: TrainArgs) -> Any:
         if self.strategy == "tp":
@@ -629,7 +695,18 @@ def _step(model: Any, args: TrainArgs, setup: Setup, data: dict[str, Any], timel
     optimizer = create_optimizer(model, args, args.device_type)
     extra = [*quant_state_tensors(model), data["input_ids"]]
     with setup.tensors(), setup.step_context(args):
-        return measure_step(model, optimizer, data, args, device=setup.device, extra=extra, timeline=timeline)
+        found = measure_step(model, optimizer, data, args, device=setup.device, extra=extra, timeline=timeline)
+    return with_preparation(found, model)
+
+
+def with_preparation(found: StepMemory, model: Any) -> StepMemory:
+    """The first step's peak with what Trainer prepared before it (FSDP2's sharding), said in the notes."""
+    prepared = getattr(model, "_nbhw_preparation", None)
+    if prepared is None:
+        return found
+    found.whole_model, found.preparation_peak = prepared.whole_model, prepared.peak
+    found.first_step_peak = max(found.first_step_peak, prepared.peak)
+    return found
 
 
 def _full_depth(config: Any, args: TrainArgs, setup: Setup, batch: int | None) -> StepMemory:
@@ -684,7 +761,9 @@ def _deep(config: Any, args: TrainArgs, setup: Setup, batch: int | None, recorde
         peak_phase="forward/backward" if steady >= step_total else "optimizer step",
         breakdown={"Total": max(steady, step_total)},
         with_gradient=shallow.with_gradient,
+        first_step_peak=max(fb_peak, step_total),
     )
+    result = with_preparation(result, model)
     result.notes += [
         *meta_notes(args),
         f"forward/backward recorded with {recorded} of the {layers} decoder layers and the middle layers' period "
@@ -890,7 +969,33 @@ def _fsdp2_model(model: Any, mesh: Any, fake: Any) -> Any:
     )
     with fake:
         model.to_empty(device="cpu")
-        return fsdp2_prepare_model(stand_in, model)
+        return measured_preparation(model, lambda: fsdp2_prepare_model(stand_in, model))
+
+
+@dataclass
+class Preparation:
+    """What preparing the model held before the first step: the model before (bytes) and the peak while it ran."""
+
+    whole_model: int = 0
+    peak: int = 0
+
+
+def measured_preparation(model: Any, prepare: Any) -> Any:
+    """Run ``prepare()`` (accelerate's FSDP2 sharding, as Trainer.train() runs it before step 1) under the tracker:
+    accelerate keeps the whole model (``original_sd``) while ``fully_shard`` makes each unit's shard, so the peak
+    is the whole model plus its shards. Kept on ``model`` for the step's figures."""
+    import warnings
+
+    tracker = tracker_class()()
+    tracker.track_external(model)
+    with tracker, warnings.catch_warnings():
+        # MemTracker's module tracker expects a forward; preparing runs none (its "hierarchy ... messed up" warning).
+        warnings.filterwarnings("ignore", message="The module hierarchy tracking", category=UserWarning)
+        whole = _snapshot(tracker, "current", "cpu").get("Total", 0)
+        prepared = prepare()
+        peak = _snapshot(tracker, "peak", "cpu").get("Total", 0)
+    prepared._nbhw_preparation = Preparation(whole, peak)
+    return prepared
 
 
 # --------------------------------------------------------------------------------------------- depth: identical layers

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nbhw.core.errors import UserError
+from nbhw.core.train import launch
 from nbhw.core.train.arguments import TrainArgs
 from nbhw.core.train.step import _PATCH_LOCK, Setup, StepMemory, StepRefused, dry_run, tp_problems
 
@@ -55,6 +56,10 @@ class RankEstimate:
     source: str  # "dry run ..." or "rule ..." (said, never silent)
     memory: StepMemory | None = None
     problems: list[str] = field(default_factory=list)
+    # Step 1 as Trainer.train() runs it (0: not measured apart): the device's and the host's peak, where it differs
+    # from the steady state (FSDP2 prepares the whole model first).
+    first_step_bytes: int = 0
+    first_step_host_bytes: int = 0
     seconds: float = 0.0  # how long this row's dry run took (0 when it came from the cache)
 
     @property
@@ -116,35 +121,7 @@ def _strategy_estimate(
             memory,
         )
     if strategy == "fsdp2":
-        if args.method == "qlora":
-            raise UserError(
-                "qlora with FSDP2 is not planned here (needs bnb_4bit_quant_storage in a float dtype); use ddp"
-            )
-        memory = cached_dry_run(config, args, "fsdp2", world_size)
-        if not offload:
-            return RankEstimate(
-                strategy,
-                world_size,
-                offload,
-                memory.peak,
-                0,
-                f"dry run under accelerate's FSDP2 sharding, fake process group of {world_size}",
-                memory,
-            )
-        # CPUOffloadPolicy keeps the sharded parameters, gradients and optimizer state on the host; the device
-        # holds the gathered units and the activations. Fake tensors here all live on one (CPU) device, so the
-        # split is by the tracker's categories at the peak: said as a rule.
-        held = memory.weights + memory.optimizer_states + memory.gradients
-        return RankEstimate(
-            strategy,
-            world_size,
-            offload,
-            max(memory.peak - held, 0),
-            held,
-            "FSDP2 dry run, then the CPU-offload rule: sharded weights, gradients and optimizer "
-            "state counted on the host",
-            memory,
-        )
+        return _fsdp2_estimate(config, args, world_size, offload)
     single = cached_dry_run(config, args)
     if strategy == "single":
         return RankEstimate(strategy, 1, False, single.peak, 0, "dry run on one device", single)
@@ -161,6 +138,67 @@ def _strategy_estimate(
             single,
         )
     return _zero_rule(single, args, strategy, world_size, offload)
+
+
+def _fsdp2_estimate(config: Any, args: TrainArgs, world_size: int, offload: bool) -> RankEstimate:
+    """FSDP2 per rank: the dry run under accelerate's sharding, then where the run prepares the model (see
+    :func:`_first_step` and :func:`_sharded_at_load`) and, with offload, the CPU-offload rule."""
+    if args.method == "qlora":
+        raise UserError("qlora with FSDP2 is not planned here (needs bnb_4bit_quant_storage in a float dtype); use ddp")
+    memory = cached_dry_run(config, args, "fsdp2", world_size)
+    if offload:
+        return _offloaded(memory, world_size)
+    if launch.shards_at_load(args.device_type):
+        return _sharded_at_load(memory, world_size)
+    device_first, host_first = _first_step(memory)
+    return RankEstimate("fsdp2", world_size, False, max(memory.peak, device_first), 0, _fsdp2_source(world_size),
+                        memory, first_step_bytes=device_first, first_step_host_bytes=host_first)  # fmt: skip
+
+
+def _fsdp2_source(world_size: int) -> str:
+    return f"dry run under accelerate's FSDP2 sharding, fake process group of {world_size}"
+
+
+def _sharded_at_load(memory: StepMemory, world_size: int) -> RankEstimate:
+    """transformers' FSDP2 at load (what the CPU launch runs) cuts each shard from the loaded tensor with a slice
+    and ``.to(cpu)`` (sharding_utils), a view that keeps the whole tensor for the run; a tensor its conversions
+    build (MoE experts) or a dtype change is copied. Seen in real 2-rank torchruns: every dense weight kept whole,
+    no expert. So at most the whole model less this rank's shards: an upper bound, said in the source."""
+    kept = max(memory.whole_model - memory.weights, 0)
+    source = (
+        f"{_fsdp2_source(world_size)}; sharded at load by transformers on the CPU: + at most the whole loaded "
+        "tensors its shards view (kept by the CPU loading's slices)"
+    )
+    first = max(memory.forward_backward_peak, memory.optimizer_step_peak) + kept
+    return RankEstimate("fsdp2", world_size, False, memory.peak + kept, 0, source, memory, first_step_bytes=first)
+
+
+def _offloaded(memory: StepMemory, world_size: int) -> RankEstimate:
+    """CPUOffloadPolicy keeps the sharded parameters, gradients and optimizer state on the host; the device holds
+    the gathered units and the activations. Fake tensors here all live on one (CPU) device, so the split is by the
+    tracker's categories at the peak: said as a rule."""
+    held = memory.weights + memory.optimizer_states + memory.gradients
+    return RankEstimate(
+        "fsdp2",
+        world_size,
+        True,
+        max(memory.peak - held, 0),
+        held,
+        "FSDP2 dry run, then the CPU-offload rule: sharded weights, gradients and optimizer state counted on the host",
+        memory,
+        first_step_host_bytes=max(held, memory.whole_model),
+    )
+
+
+def _first_step(memory: StepMemory) -> tuple[int, int]:
+    """The first step's peak on the device and on the host, as Trainer.train() runs it under accelerate's FSDP2.
+
+    Each process loads the whole model on the host (from_pretrained without a device_map; Trainer leaves an FSDP
+    model where it is), then accelerate's ``fsdp2_prepare_model`` keeps it (``original_sd``) while ``fully_shard``
+    moves each unit to the device and keeps its shard: the dry run's preparation peak is that whole model plus the
+    shards. The device's part is the peak less the whole model; step 1 then runs without optimizer state."""
+    device = max(memory.forward_backward_peak, memory.optimizer_step_peak, memory.preparation_peak - memory.whole_model)
+    return device, memory.whole_model
 
 
 def _zero_rule(single: StepMemory, args: TrainArgs, strategy: str, world_size: int, offload: bool) -> RankEstimate:

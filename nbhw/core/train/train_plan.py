@@ -328,6 +328,21 @@ def _parts(m: StepMemory) -> list[tuple[str, str]]:
     ]
 
 
+def _first_step(r: RankEstimate) -> list[tuple[str, str]]:
+    """Step 1 as Trainer.train() runs it, where it was measured apart (FSDP2 prepares the whole model first)."""
+    if not (r.first_step_bytes or r.first_step_host_bytes) or r.memory is None:
+        return []
+    steady = r.memory.peak if not r.offload else r.device_bytes
+    higher = "higher than" if r.first_step_bytes > steady else "within"
+    said = f"{size(r.first_step_bytes)} on the device ({higher} the steady state)"
+    if r.first_step_host_bytes:
+        said += (
+            f"; {size(r.first_step_host_bytes)} on the host per process: each loads the whole model and accelerate "
+            "shards it from there"
+        )
+    return [("first step", said)]
+
+
 def _strategy_rows(plan: TrainPlan) -> list[list[str]]:
     rows = []
     for r in plan.rows:
@@ -355,6 +370,7 @@ def plan_text(plan: TrainPlan) -> str:
         width = max(len(k) for k, _ in _parts(m))
         lines += [f"Per device ({plan.recommended.label}, one rank)"]
         lines += [f"  {k.ljust(width)}  {v}" for k, v in _parts(m)]
+        lines += [f"  {k.ljust(width)}  {v}" for k, v in _first_step(plan.recommended)]
         lines += [f"  {'rank peak'.ljust(width)}  {size(plan.recommended.device_bytes)} + reserve", ""]
     lines += [f"Verdict: {plan.verdict}"]
     if len(plan.rows) > 1:
