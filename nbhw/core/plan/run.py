@@ -1064,6 +1064,7 @@ def max_batch(
 
 
 Margins = Callable[[RunEstimate], dict[Hashable, int]]
+MARGIN_ROUNDS = 4  # searches against a margin before the largest size seen to keep its own is taken
 
 
 def with_margins(
@@ -1073,18 +1074,34 @@ def with_margins(
     margins: Margins | None,
 ) -> Fit:
     """The largest size whose run leaves each device its allocator's margin (``margins``: per device, what the
-    allocator needs for a given run). The tensors' boundary is searched first; when the run there is short of its
-    margin, the search is made again against the limits less that margin: the margin grows with the size, so the
-    answer keeps at least its own (conservative by at most the step to the boundary's margin)."""
+    allocator needs for a given run). Both the tensors and the margin grow with the size, so "keeps its margin" holds
+    up to one size: the tensors' boundary bounds it, searches against the limits less the margin of the last answer
+    narrow it (a few rounds), and dry runs bisect what is left."""
     found = search(limits)
     if margins is None or found.value == 0:
         return found
-    room = margins(measure(found.value).estimate)
-    if not any(room.get(d, 0) for d in limits):
+
+    def less(n: int) -> dict[Hashable, int]:
+        room = margins(measure(n).estimate)
+        return {d: lim - room.get(d, 0) for d, lim in limits.items()}
+
+    def keeps(n: int) -> bool:
+        return bool(_over(measure(n), less(n)).max() <= 0)
+
+    if keeps(found.value):
         return found
-    again = search({d: lim - room.get(d, 0) for d, lim in limits.items()})
-    return replace(again, dry_runs=found.dry_runs + again.dry_runs, seconds=found.seconds + again.seconds,
-                   method=f"{again.method}, with the allocator's margin")  # fmt: skip
+    good, bad, dry_runs = 0, found.value, found.dry_runs
+    for _ in range(MARGIN_ROUNDS):
+        again = search(less(bad if good == 0 else good))
+        dry_runs += again.dry_runs
+        if again.value == 0 or again.value in (good, bad) or not good < again.value < bad:
+            break
+        good, bad = (again.value, bad) if keeps(again.value) else (good, again.value)
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        good, bad = (middle, bad) if keeps(middle) else (good, middle)
+        dry_runs += 1
+    return replace(found, value=good, dry_runs=dry_runs, method=f"{found.method}, then keeping the allocator's margin")
 
 
 # ----------------------------------------------------------------------------------------------- around the run

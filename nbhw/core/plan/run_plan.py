@@ -326,10 +326,12 @@ def _run_verdict(plan: Any, placement: Placement, over: list[DeviceShare], tight
 
 
 def _weights_alone_too_big(plan: Any, outcome: RunEstimate, most: int) -> Fit | None:
-    """A Fit of 0 when some device can't even hold its weights and reserve: no dry run can change that."""
+    """A Fit of 0 when some device can't even hold its weights, its reserve and the least its allocator needs left
+    free (a run's smallest margin): no dry run can change that."""
     found = limits(plan, outcome)
-    if any(found[d] < outcome.devices[d].weight_bytes for d in found):
-        return Fit(0, most, 0, "the weights and the reserve alone are over a budget")
+    least = {d: margin(d, plan, 0) for d in found}
+    if any(found[d] - (room.bytes if room else 0) < outcome.devices[d].weight_bytes for d, room in least.items()):
+        return Fit(0, most, 0, "the weights, the reserve and the allocator's least margin alone are over a budget")
     return None
 
 
