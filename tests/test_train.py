@@ -24,6 +24,7 @@ from IPython.core.error import UsageError
 import nbhw
 from nbhw.__main__ import main
 from nbhw.core.errors import UserError
+from nbhw.core.plan.headroom import segment_for
 from nbhw.core.train import launch as L
 from nbhw.core.train import step as S
 from nbhw.core.train import strategies
@@ -225,6 +226,29 @@ def test_plan_text_json_and_max_batch(tiny: Path) -> None:
     assert data["estimate"]["peak"] == plan.recommended.device_bytes
     text = plan.text()
     assert "Verdict: fits" in text and "optimizer state" in text and "python train_nbhw.py" in text
+
+
+def test_a_step_with_less_room_than_the_allocator_needs_is_tight(fake_hw: FakeHardware, tiny: Path) -> None:
+    fake_hw.nvidia(FakeGpu("NVIDIA A100-SXM4-80GB", total=80 * 2**30))
+    # memory under 24 GiB throughout: the reserve's cuBLASLt workspace is the same for all three plans
+    roomy = train_plan(tiny, method="full", batch=2, context=64, device_memory="20GiB")
+    assert roomy.estimate is not None and roomy.margin is not None and not roomy.tight
+    # the step's largest block (measured): the logits' float32 upcast or a gradient / Adam state of the embedding
+    embedding = tiny_embedding_bytes(tiny, roomy.args.dtype)
+    assert roomy.estimate.largest_block >= embedding
+    assert roomy.margin.bytes == segment_for(roomy.estimate.largest_block) + 2 * 2**20
+    edge = roomy.peak_bytes + roomy.margin.bytes
+    tight = train_plan(tiny, method="full", batch=2, context=64, device_memory=edge - 1)
+    room = train_plan(tiny, method="full", batch=2, context=64, device_memory=edge)
+    assert (tight.fits, tight.tight, room.tight) == (True, True, False)
+    assert tight.verdict.startswith("tight: ") and "the allocator needs" in tight.verdict
+    assert "headroom" in tight.text() and "allocator margin" in tight.text()
+    assert tight.to_dict()["tight"] is True and tight.max_batch == 1
+
+
+def tiny_embedding_bytes(folder: Path, dtype: str) -> int:
+    config = json.loads((folder / "config.json").read_text())
+    return int(config["vocab_size"]) * int(config["hidden_size"]) * (4 if dtype == "float32" else 2)
 
 
 def test_strategies_on_two_devices_are_compared_and_one_recommended(tiny: Path) -> None:

@@ -120,13 +120,17 @@ class TrainSearch:
         return found
 
     def run(self) -> tuple[TrainJudged | None, list[TrainJudged]]:
+        """The first option that fits with room for the allocator; a tight one only when none after it has room."""
         rejected: list[TrainJudged] = []
+        tight: tuple[TrainJudged, list[TrainJudged]] | None = None
         for option in self.options:
             found = self.judge(option)
-            if found.fits:
+            if found.fits and not (found.plan is not None and found.plan.tight):
                 return found, rejected
+            if found.fits and tight is None:
+                tight = (found, list(rejected))
             rejected.append(found)
-        return None, rejected
+        return tight or (None, rejected)
 
 
 # ---------------------------------------------------------------- when nothing fits

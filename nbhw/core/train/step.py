@@ -317,6 +317,12 @@ class _Training:
     _peak_mem: dict[Any, int]
     _peak_mem_snap: dict[Any, dict[Any, int]]
     timeline: Any = None
+    largest: int = 0  # the largest block the step made (set back to 0 after the weights are registered)
+
+    def _update_snap(self, u_type: Any, winfo: Any, *args: Any, **kwargs: Any) -> None:
+        super()._update_snap(u_type, winfo, *args, **kwargs)  # type: ignore[misc]
+        if winfo.mem_consumed > self.largest and getattr(u_type, "name", None) == "ADD":
+            self.largest = winfo.mem_consumed
 
     def _track_module_params_and_buffers(self, module: Any, install_grad_hooks: bool = True) -> Any:
         for p in module.parameters():
@@ -501,6 +507,7 @@ class StepMemory:
     # Step 1 as Trainer.train() runs it: what it prepares before the first forward (FSDP2: accelerate shards the
     # whole model), then the step without optimizer state. ``whole_model``: the model before sharding (bytes).
     first_step_peak: int = 0
+    largest_block: int = 0  # the largest block the step made: what the allocator's margin is sized by
     preparation_peak: int = 0
     whole_model: int = 0
     # The trainable parameters backward gave a gradient ("name|stride", layer index as *).
@@ -545,6 +552,7 @@ def measure_step(
     tracker = tracker_class()()
     tracker.timeline = timeline
     tracker.track_external(model, optimizer, *(extra or []))
+    tracker.largest = 0  # the weights were made at load
     params = list(model.parameters())
     trainable = [p for p in params if p.requires_grad]
     with tracker:
@@ -563,7 +571,7 @@ def measure_step(
             if p.grad is not None
         }
     )
-    end, peak = optimizer_phase(model, optimizer, device=device, extra=extra)
+    end, peak, largest = optimizer_phase(model, optimizer, device=device, extra=extra)
     weights = start.get("Total", 0)
     states = end.get("Optstate", 0)
     fb_total = fb_peak.get("Total", 0)
@@ -591,19 +599,21 @@ def measure_step(
         breakdown=fb_peak if phase == "forward/backward" else peak,
         with_gradient=with_gradient,
         first_step_peak=max(fb_total, step_total),
+        largest_block=max(tracker.largest, largest),
     )
 
 
 def optimizer_phase(
     model: Any, optimizer: Any, *, device: Any, extra: list[Any] | None = None
-) -> tuple[dict[str, int], dict[str, int]]:
+) -> tuple[dict[str, int], dict[str, int], int]:
     """Trainer's clip, optimizer.step() and zero_grad under their own tracker (MemTracker's peak only grows):
-    what is held after, and this phase's peak."""
+    what is held after, this phase's peak and the largest block it made (optimizer states on the first step)."""
     import torch  # lazy: import nbhw stays free of torch
 
     device = torch.device(device)
     tracker = tracker_class()()
     tracker.track_external(model, optimizer, *(extra or []))
+    tracker.largest = 0
     max_norm = training_defaults().max_grad_norm
     with tracker:
         if max_norm:
@@ -612,7 +622,7 @@ def optimizer_phase(
         optimizer.zero_grad(set_to_none=True)
         end = _snapshot(tracker, "current", device)
         peak = _snapshot(tracker, "peak", device)
-    return end, peak
+    return end, peak, tracker.largest
 
 
 class Setup:
@@ -743,7 +753,7 @@ def _deep(config: Any, args: TrainArgs, setup: Setup, batch: int | None, recorde
                 # gradient makes the optimizer copy it).
                 p.grad = _empty_like_with_stride(p, tuple(int(x) for x in got[_wildcard(name)].split(",")))
         gradients = sum(local_nbytes(p.grad) for p in trainable if p.grad is not None)
-        end, peak = optimizer_phase(model, optimizer, device=setup.device, extra=extra)
+        end, peak, largest = optimizer_phase(model, optimizer, device=setup.device, extra=extra)
     states = end.get("Optstate", 0)
     steady = fb_peak + states
     step_total = peak.get("Total", 0)
@@ -762,6 +772,7 @@ def _deep(config: Any, args: TrainArgs, setup: Setup, batch: int | None, recorde
         breakdown={"Total": max(steady, step_total)},
         with_gradient=shallow.with_gradient,
         first_step_peak=max(fb_peak, step_total),
+        largest_block=max(shallow.largest_block, largest),
     )
     result = with_preparation(result, model)
     result.notes += [

@@ -24,7 +24,7 @@ from nbhw.core.hardware.data import DeviceInfo
 from nbhw.core.hardware.targets import target_of
 from nbhw.core.hf import meta_build, model_config
 from nbhw.core.hf.tiny_model import tiny_model_path
-from nbhw.core.plan import run
+from nbhw.core.plan import headroom, run
 from nbhw.core.render import Shown, size
 from nbhw.core.train import launch, strategies
 from nbhw.core.train.arguments import TRAIN_ARGUMENTS, TrainArgs, train_args
@@ -141,6 +141,26 @@ class TrainPlan(Shown):
         return self.peak_bytes <= self.device.total
 
     @property
+    def headroom_bytes(self) -> int | None:
+        """What a device has left at the step's peak and the reserve (negative: over; None: memory unknown)."""
+        return None if self.device.total is None else self.device.total - self.peak_bytes
+
+    @property
+    def margin(self) -> headroom.Margin | None:
+        """What the device's allocator needs left free beyond the peak: one more segment of the step's largest
+        block (a gradient or optimizer state of the largest trained weight, or an activation)."""
+        memory = self.recommended.memory
+        if memory is None:
+            return None
+        return headroom.allocator_margin(self.device.backend or self.device.device_type, memory.largest_block)
+
+    @property
+    def tight(self) -> bool:
+        """It fits by the tensors, with less room left than the allocator needs."""
+        margin = self.margin
+        return bool(self.fits) and headroom.is_tight(self.headroom_bytes, margin.bytes if margin else None)
+
+    @property
     def verdict(self) -> str:
         r = self.recommended
         if not r.ok:
@@ -148,6 +168,9 @@ class TrainPlan(Shown):
         if self.fits is None:
             return f"needs {size(self.peak_bytes)} per device; the device's memory is unknown (pass device_memory)"
         room = f"{size(self.peak_bytes)} of {size(self.device.total)} per device"
+        if self.tight and self.margin is not None:
+            left = size(self.headroom_bytes)
+            return f"tight: {room} ({left} left, the allocator needs {size(self.margin.bytes)})"
         return f"fits: {room}" if self.fits else f"does not fit: {room}"
 
     @functools.cached_property
@@ -156,7 +179,8 @@ class TrainPlan(Shown):
         the memory is unknown). Each candidate is a dry run."""
         if self.device.total is None or not self.recommended.ok:
             return None
-        budget = self.device.total - self.reserve.bytes
+        margin = self.margin
+        budget = self.device.total - self.reserve.bytes - (margin.bytes if margin else 0)
         return search_batch(lambda b: self._rank(b).device_bytes, budget, limit=MOST_BATCH)
 
     def _rank(self, batch: int) -> RankEstimate:
@@ -317,6 +341,15 @@ train_plan.__signature__ = argument.signature(  # type: ignore[attr-defined]
 # ---------------------------------------------------------------- text and data
 
 
+def _room(plan: TrainPlan) -> list[tuple[str, str]]:
+    """The headroom a device keeps at the peak, and what its allocator needs (with why)."""
+    room, margin = plan.headroom_bytes, plan.margin
+    out = [] if room is None else [("headroom", size(room) if room >= 0 else f"-{size(-room)}")]
+    if margin is not None and margin.bytes:
+        out.append(("allocator margin", f"{size(margin.bytes)}: {margin.why}"))
+    return out
+
+
 def _parts(m: StepMemory) -> list[tuple[str, str]]:
     return [
         ("weights", size(m.weights)),
@@ -371,7 +404,8 @@ def plan_text(plan: TrainPlan) -> str:
         lines += [f"Per device ({plan.recommended.label}, one rank)"]
         lines += [f"  {k.ljust(width)}  {v}" for k, v in _parts(m)]
         lines += [f"  {k.ljust(width)}  {v}" for k, v in _first_step(plan.recommended)]
-        lines += [f"  {'rank peak'.ljust(width)}  {size(plan.recommended.device_bytes)} + reserve", ""]
+        lines += [f"  {'rank peak'.ljust(width)}  {size(plan.recommended.device_bytes)} + reserve"]
+        lines += [f"  {k.ljust(width)}  {v}" for k, v in _room(plan)] + [""]
     lines += [f"Verdict: {plan.verdict}"]
     if len(plan.rows) > 1:
         lines += ["", "Strategies (per rank)"]
@@ -399,6 +433,9 @@ def plan_to_dict(plan: TrainPlan) -> dict[str, Any]:
         "estimate": None if plan.estimate is None else plan.estimate.to_dict(),
         "peak_bytes": plan.peak_bytes,
         "fits": plan.fits,
+        "tight": plan.tight,
+        "headroom_bytes": plan.headroom_bytes,
+        "margin_bytes": plan.margin.bytes if plan.margin is not None else None,
         "verdict": plan.verdict,
         "max_batch": plan.max_batch,
         "strategies": [r.to_dict() for r in plan.rows],
