@@ -171,6 +171,19 @@ def test_changing_a_control_replans_in_the_background(
     assert view.code.html and text_of(view.code.html) == view.code.code
 
 
+def test_the_padding_dropdown_replans_the_run_with_the_same_code(view: LoadView, worker: Worker) -> None:
+    assert view.control("padding").value == "left"
+    assert [o[1] for o in view.control("padding").options] == ["left", "none"]
+    view.control("batch").value = "4"
+    settle(worker)
+    padded, code = text_of(view.report.value), view.code.code
+    assert "prompts left-padded to the longest" in padded
+    view.control("padding").value = "none"  # not a from_pretrained keyword: the cell stays, the run changes
+    settle(worker)
+    assert view.code.code == code and "prompts left-padded" not in text_of(view.report.value)
+    assert load_form.make_plan(view.form).args.padding == "none"
+
+
 def test_make_it_fit_fills_every_control_with_the_answer(view: LoadView, worker: Worker, tiny: str) -> None:
     view.control("attn_implementation").value = "eager"  # not the answer: the search starts from the fastest
     view.control("context").value = "200"

@@ -1,7 +1,7 @@
 """The Load tab's "Make it fit": the solver run for a form, and the form filled with its answer (no widgets here).
 
-What must fit where stays as the form has it (context, batch, encoder_length and the max_memory budget); every other
-control is searched, so the answer can change dtype, quantization, attention, kernels and device_map.
+What must fit where stays as the form has it (context, batch, padding, encoder_length and the max_memory budget);
+every other control is searched, so the answer can change dtype, quantization, attention, kernels and device_map.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from nbhw.core.fit.arguments import fit_args
 from nbhw.core.fit.solver import FitResult, fit_loading
 from nbhw.core.plan.load_form import CONTROLS, Form, form_words
 
-KEPT = ("context", "batch", "encoder_length", "max_memory")
+KEPT = ("context", "batch", "padding", "encoder_length", "max_memory")
 
 
 def fit_form(form: Form) -> tuple[Form, FitResult]:

@@ -436,7 +436,7 @@ class PlanArgs:
         help="sequences generated together (default 1)",
     )  # fmt: skip
     padding: str = argument(
-        default=DEFAULT_PADDING, choices=PADDING_WORDS, check=check_padding,
+        default=DEFAULT_PADDING, choices=PADDING_WORDS, check=check_padding, control="dropdown",
         help="how the batch's prompts come: left (default: a tokenizer's batch for generate(), padded on the left to "
         "the longest prompt, so transformers builds a batch x prompt x context attention mask; at batch 1 nothing "
         "is padded) or none (every prompt the same length, unpadded)",

@@ -36,7 +36,13 @@ from nbhw.core.hardware.who_picks import from_pretrained_default
 from nbhw.core.hf import meta_build
 from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.core.plan import run
-from nbhw.core.plan.arguments import NO_DEVICE_MAP, PLAN_ARGUMENTS, cache_implementations, strategy_names
+from nbhw.core.plan.arguments import (
+    NO_DEVICE_MAP,
+    PADDING_WORDS,
+    PLAN_ARGUMENTS,
+    cache_implementations,
+    strategy_names,
+)
 from nbhw.core.plan.load_plan import LoadPlan, plan
 from nbhw.core.plan.placement import DeviceShare, Placement, device_name, layer_names, live_memory
 
@@ -391,6 +397,17 @@ def _kernels_options(hardware: Hardware, advice: AttentionAdvice) -> tuple[list[
     return options, f"use_kernels left out: {default.why}"
 
 
+PADDING_LABELS = {
+    "left": "left (default): a tokenizer's batch, padded to the longest prompt",
+    "none": "none: every prompt the same length",
+}
+
+
+def _padding_options(hardware: Hardware, advice: AttentionAdvice) -> tuple[list[Option], str]:
+    options = [Option(word, PADDING_LABELS[word]) for word in PADDING_WORDS]
+    return options, "how a batch's prompts come to generate(); at batch 1 nothing is padded"
+
+
 # What each dropdown offers here, and the note beside it, by argument name (a test checks every dropdown has one).
 OPTIONS: dict[str, Callable[[Hardware, AttentionAdvice], tuple[list[Option], str]]] = {
     "target": _target_options,
@@ -400,6 +417,7 @@ OPTIONS: dict[str, Callable[[Hardware, AttentionAdvice], tuple[list[Option], str
     "quantization": _quantization_options,
     "cache_implementation": _cache_options,
     "use_kernels": _kernels_options,
+    "padding": _padding_options,
 }
 
 
