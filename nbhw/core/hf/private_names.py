@@ -109,6 +109,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "torch", "ops.aten.add.default._schema", "read", TORCH, "an op's schema: views and in-place ops aren't memoised"
     ),
     _n("torch", "UntypedStorage._cdata", "read", TORCH, "a storage's identity: each counted once"),
+    _n("torch", "ops.aten._local_scalar_dense.default", "read", TORCH, ".item() on a meta tensor that carries values"),
     _n("torch", "_fused_sdp_choice", "call", TORCH, "the SDPA kernel CPU torch picks, asked with 2-token stand-ins"),
     _n("torch", "_grouped_mm", "read", TORCH, "MoE grouped_mm on meta: routed to transformers' fallback op"),
     _n("torch", "ops.aten._safe_softmax", "read", TORCH, "the math path's softmax: its two hidden buffers replayed"),
@@ -127,6 +128,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     _n(f"{TF}.core_model_loading", "build_glob_alternation", "call", TF_V, "from_pretrained's matcher of the plan"),
     _n(GEN, "GenerationMixin._prepare_generation_config", "call", TF_V, "generate()'s merge of generation options"),
     _n(GEN, "GenerationMixin._prepare_cache_for_generation", "call", TF_V, "the cache generate() creates"),
+    _n(GEN, "GenerationMixin._prepare_special_tokens", "call", TF_V, "generate()'s special-token tensors"),
     _n(GEN, "GenerationMixin._maybe_prepare_encoder_kwargs_for_generation", "call", TF_V, "the encoder's run"),
     _n(GEN, "GenerationMixin._prepare_position_ids_for_generation", "call", TF_V, "position ids from the mask"),
     _n(GEN, "GenerationMixin._supports_logits_to_keep", "call", TF_V, "generate() computes the last logits only"),
