@@ -96,7 +96,8 @@ def _check_run(a: Accelerator, placement: Any) -> None:
     """Each of the target's devices counts the run and the reserve the run planner states for its backend."""
     reserve = framework_reserve(a.backend, capability=a.capability, total_memory=a.memory_bytes).bytes
     on_target = [s for s in placement.devices if is_accelerator(s.key)]
-    assert on_target and placement.run_kind in {"fits", "tight", "fits_shorter", "does_not_fit"}, (a.key, placement.verdict)
+    kinds = {"fits", "tight", "fits_shorter", "does_not_fit"}
+    assert on_target and placement.run_kind in kinds, (a.key, placement.verdict)
     for share in on_target:
         assert share.reserve_bytes == reserve and share.budget == a.memory_bytes, (a.key, share)
         assert share.needed_bytes is not None and share.needed_bytes > share.bytes + reserve, (a.key, share)
