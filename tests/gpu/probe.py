@@ -363,6 +363,57 @@ def preflight_facts() -> dict[str, Any]:
     }
 
 
+def tight_facts(model_path: str, spare: str) -> dict[str, Any]:
+    """A budget of the loaded weights, the stated reserve and ``spare`` bytes: nbhw's plan for a left-padded batch of
+    2 at the longest context it says fits there, then generate() run for real at that context under torch's cap of
+    the same budget (set_per_process_memory_fraction caps the caching allocator's pool: fragmentation included)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import nbhw
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, device_map=0)
+    torch.cuda.synchronize()
+    weights = int(torch.cuda.memory_allocated(0))
+    probe = nbhw.plan(model_path, device_map=0, max_memory={0: 2 * weights + 4 * 2**30}, batch=2)
+    share = next(d for d in probe.placement.devices if d.device == "cuda:0")  # type: ignore[union-attr]
+    budget = weights + int(share.reserve_bytes or 0) + int(spare)
+    plan = nbhw.plan(
+        model_path, device_map=0, max_memory={0: budget}, batch=2, context=model.config.max_position_embeddings
+    )
+    tokens = int(plan.max_context or 0)
+    found: dict[str, Any] = {
+        "budget": budget,
+        "weights": weights,
+        "max_context": tokens,
+        "verdict": plan.placement.verdict,
+    }  # type: ignore[union-attr]
+    if tokens < 2:
+        return found
+    at = nbhw.plan(model_path, device_map=0, max_memory={0: budget}, batch=2, context=tokens)
+    share = next(d for d in at.placement.devices if d.device == "cuda:0")  # type: ignore[union-attr]
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction((budget - int(share.reserve_bytes or 0)) / total, 0)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(0)
+    ids = torch.randint(0, model.config.vocab_size, (2, tokens - 1), device="cuda:0")
+    mask = torch.ones_like(ids)
+    mask[1, 0] = 0  # left-padded: the second prompt one token shorter
+    try:
+        with torch.no_grad():
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=1, min_new_tokens=1, do_sample=False)
+        torch.cuda.synchronize()
+        found["out_of_memory"] = None
+    except torch.OutOfMemoryError as exc:
+        found["out_of_memory"] = str(exc).splitlines()[0]
+    found.update({
+        "run_kind": at.placement.run_kind, "planned_peak": share.peak_bytes, "margin": share.margin_bytes,  # type: ignore[union-attr]
+        "headroom": share.headroom_bytes, "measured_peak": int(torch.cuda.max_memory_allocated(0)),
+        "measured_reserved": int(torch.cuda.max_memory_reserved(0)),
+    })  # fmt: skip
+    return found
+
+
 CHECKS = {
     "preflight": lambda args: preflight_facts(),
     "context": lambda args: context(args[0], args[1] if len(args) > 1 else None),
@@ -370,6 +421,7 @@ CHECKS = {
     "visible": lambda args: visible_facts(),
     "load": lambda args: load_facts(args[0] if args else None),
     "generate": lambda args: generate_facts(args[0], args[1]),
+    "tight": lambda args: tight_facts(args[0], args[1]),
 }
 
 

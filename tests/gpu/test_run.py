@@ -38,3 +38,17 @@ def test_generate_peak_at_two_contexts_is_the_plans_within_5_percent_or_256_mib(
     record_property("reserve_stated_mib", round(facts["reserve_stated"] / MIB, 1))
     if facts["reserve_measured"] is not None:
         record_property("reserve_measured_mib", round(facts["reserve_measured"] / MIB, 1))
+
+
+@pytest.mark.timeout(600)
+def test_a_left_padded_run_at_the_plans_max_context_fits_a_tight_budget_on_the_card(
+    billion_model: Path, record_property: Any
+) -> None:
+    """Issue 30: under a budget of the weights, the reserve and 2 GiB, the longest context nbhw says fits (a
+    left-padded batch of 2, the allocator's margin kept) runs through generate() with torch's pool capped at it."""
+    facts = run_probe("tight", str(billion_model), str(2 * GIB), timeout=540)
+    for key in ("budget", "max_context", "planned_peak", "measured_peak", "measured_reserved", "margin"):
+        record_property(key, facts.get(key))
+    assert facts["max_context"] >= 2, facts
+    assert facts["run_kind"] == "fits" and facts["out_of_memory"] is None, facts
+    assert facts["measured_peak"] <= facts["planned_peak"] + SLACK, facts
