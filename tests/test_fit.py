@@ -174,15 +174,15 @@ def test_quantization_is_searched_in_the_documented_order() -> None:
     assert list(searched) == [("auto", None), ("bfloat16", None), ("float16", None), *(("auto", q) for q in order)]
 
 
-def _need(folder: str, context: int, quantization: str | None) -> int | None:
-    """What the run needs on one device with this quantization, with room for its allocator; None when its plan is
-    refused here."""
+def _need(folder: str, context: int, quantization: str | None) -> tuple[int, int] | None:
+    """What the run needs on one device with this quantization: with room for its allocator, and its tensors alone;
+    None when its plan is refused here."""
     p = nbhw.plan(folder, device_map=0, max_memory={0: 2**40}, context=context, reserve=0, quantization=quantization)
     with quiet():
         if [x for x in p.check() if x not in p.absent_devices] or p.placement is None:
             return None
         share = p.placement.devices[0]
-        return int(share.needed_bytes) + int(share.margin_bytes)
+        return int(share.needed_bytes) + int(share.margin_bytes), int(share.needed_bytes)
 
 
 @pytest.mark.slow
@@ -191,13 +191,16 @@ def test_each_method_that_runs_here_wins_where_its_budget_says(folders: dict[str
     folder, context = folders[model], 200
     pinned: dict[str, Any] = {"context": context, "reserve": 0, "attn_implementation": "sdpa", "use_kernels": False,
                               "device_map": "auto"}  # fmt: skip
-    needs_of = {q: _need(folder, context, q) for q in [None, *quantization_order()]}
+    found = {q: _need(folder, context, q) for q in [None, *quantization_order()]}
+    needs_of = {q: None if f is None else f[0] for q, f in found.items()}
     runs_here = [q for q, need in needs_of.items() if need is not None and q is not None]
     assert "quanto" in runs_here, needs_of  # optimum-quanto is in the test environment
     needs = sorted({need for need in needs_of.values() if need is not None})
-    # a budget between each pair of neighbouring needs, and one under the least: each option that runs here wins
-    # where its own need is the largest that fits, unless one ranked ahead of it needs no more
-    budgets = [int(need * 1.001) for need in needs] + [needs[0] // 2]
+    tensors = min(f[1] for f in found.values() if f is not None)
+    # a budget between each pair of neighbouring needs (with the allocator's margin), and one under the least
+    # tensors: each option that runs here wins where its own need is the largest that fits with room, unless one
+    # ranked ahead of it needs no more
+    budgets = [int(need * 1.001) for need in needs] + [tensors // 2]
     won = set()
     for budget in budgets:
         result = nbhw.fit(folder, max_memory={0: budget}, accelerators_only=True, **pinned)

@@ -119,7 +119,7 @@ def test_dry_run_refuses_exactly_what_transformers_refuses() -> None:
     assert all("\n" not in p for p in problems) and any("cuda:1" in p and "not here" in p for p in problems)
     # cuda:1 is not here: a GPU nbhw can't see, so whether FA2 runs on it depends on which GPU it is (sdpa is
     # advised); without the kernels package FA2's own package check refuses it first.
-    said = "depends on the device" if meta_build.kernels_status()[0] else "FlashAttention2"
+    said = "nbhw advises sdpa" if meta_build.kernels_status()[0] else "FlashAttention2"
     assert len(problems) == 2 and any(said in p for p in problems), problems
 
 

@@ -101,7 +101,9 @@ def _check_run(a: Accelerator, placement: Any) -> None:
     for share in on_target:
         assert share.reserve_bytes == reserve and share.budget == a.memory_bytes, (a.key, share)
         assert share.needed_bytes is not None and share.needed_bytes > share.bytes + reserve, (a.key, share)
-        assert (share.needed_bytes <= share.budget) == (placement.run_kind == "fits"), (a.key, share)
+        assert (share.needed_bytes <= share.budget) == (placement.run_kind in ("fits", "tight")), (a.key, share)
+    if placement.run_kind == "tight":  # fits by the tensors, with less room than some device's allocator needs
+        assert any(0 <= (s.headroom_bytes or 0) < (s.margin_bytes or 0) for s in on_target), (a.key, placement)
     cpu = next((s for s in placement.devices if s.key == "cpu"), None)
     if cpu is not None and cpu.reserve_bytes is not None:  # a target's host: the process's own, not "read now"
         assert cpu.reserve_bytes == framework_reserve("cpu").bytes, (a.key, cpu)

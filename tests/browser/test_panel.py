@@ -156,8 +156,8 @@ def test_load_tab_controls_change_the_preview(notebook: NotebookPage, tiny: str)
 
     # The hardware selector: a catalog target re-plans for it, re-advises the dtype and says it is not here.
     target = control(nb, 1, "dropdown", "target")
-    assert labels(target)[0] == "this machine" and "2x H100 SXM · NVIDIA cuda, 80 GiB each" in labels(target)
-    choose(target, "T4 · NVIDIA cuda, 16 GiB")
+    assert labels(target)[0] == "this machine" and "2x H100 SXM · NVIDIA cuda, 79.2 GiB each" in labels(target)
+    choose(target, "T4 · NVIDIA cuda, 14.75 GiB")
     poll("the dry run read for the T4", lambda: "read for 1x T4" in message.inner_text() or None, 60)
     assert "planning for 1x T4: hardware that is not here" in nb.cell(1).locator(".nbhw-load").inner_text()
     poll("the T4's dtype", lambda: "float16 (advised)" in labels(control(nb, 1, "dropdown", "dtype")) or None, 30)
