@@ -130,6 +130,19 @@ def no_nbhw_threads_left() -> Iterator[None]:
     assert not left, f"nbhw threads left running: {left}"
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """torch on one thread for a module (``pytestmark = pytest.mark.usefixtures("one_torch_thread")``): CPU flash
+    attention keeps per-thread scratch buffers inside the kernel that no tensor-level tracker sees (the plan says so);
+    with one thread they stay small next to tiny models, as they are next to real ones."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A 2-layer Llama with hidden 256 (1.8M parameters) in bfloat16, saved locally: wide enough for every

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-import torch
 import transformers as tf
 from IPython.core.error import UsageError
 
@@ -26,13 +25,7 @@ from nbhw.core.plan.load_plan import LoadPlan
 from tests import families, published
 from tests.test_run import config_only
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # name -> (config, architecture, checkpoint dtype)

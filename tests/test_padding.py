@@ -10,7 +10,6 @@ here is checked against a real generate() on the CPU, measured at tensor level (
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +26,12 @@ from nbhw.core.plan import run
 from tests import families
 from tests.realrun import real_generate
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 BUDGET = 64 * 2**20  # a tight budget, as the max_context tests use
 GENERATED = (1, 2)  # the prefill alone, then the prefill and one decode step: the run's two peaks
 # generate()'s own small tensors the dry run mirrors (special tokens, unfinished_sequences) may differ by a scalar
 SCALARS = 16
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def models(make: Any) -> tuple[Any, Any]:

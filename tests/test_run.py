@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +23,9 @@ from nbhw.core.plan import run
 from tests import families, published
 from tests.realrun import real_generate
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 GIB = 2**30
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # CPU flash attention's per-thread scratch stays small (see test_run_families)
-    yield
-    torch.set_num_threads(threads)
 
 
 def saved(config: Any, folder: Path, auto: str = "AutoModelForCausalLM") -> str:

@@ -8,7 +8,6 @@ peak the CPU allocator saw (torch.profiler's memory events) on the real run.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,21 +19,11 @@ from nbhw.core.plan import run
 from tests import families
 from tests.realrun import real_forward, real_generate
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 BATCH = 2
 CONTEXTS = (100, 300)  # 300 is past every sliding window below (32 and 64)
 PEAK_TOLERANCE = 0.05
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    # CPU flash attention keeps per-thread scratch buffers inside the kernel that no tensor-level tracker sees (the
-    # plan says so); with one thread they stay small next to these tiny models, as they are next to real ones.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def models(make: Any, auto: str) -> tuple[Any, Any]:
