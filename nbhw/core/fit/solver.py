@@ -199,7 +199,7 @@ class Search:
                         rejected.append(Rejected(option, stage, found))
                     continue
                 with meta_build.quiet():
-                    fits, is_tight = found.plan.run_fits, found.plan.run_tight if found.plan.run_fits else False
+                    fits, is_tight = found.plan.run_fits, bool(found.plan.run_tight)
                 if fits and not is_tight:
                     return found, rejected
                 if fits and tight is None:

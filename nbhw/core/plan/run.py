@@ -1094,7 +1094,7 @@ def with_margins(
     for _ in range(MARGIN_ROUNDS):
         again = search(less(bad if good == 0 else good))
         dry_runs += again.dry_runs
-        if again.value == 0 or again.value in (good, bad) or not good < again.value < bad:
+        if not good < again.value < bad:  # nothing new inside the bracket
             break
         good, bad = (again.value, bad) if keeps(again.value) else (good, again.value)
     while bad - good > 1:

@@ -228,11 +228,12 @@ def tight_shares(shares: list[DeviceShare]) -> list[DeviceShare]:
 
 
 def run_tight(plan: Any) -> bool | None:
-    """Whether a run that fits leaves some device less room than its allocator needs; None when it doesn't fit
-    or no run answers."""
+    """Whether a run that fits leaves some device less room than its allocator needs (the verdict's "tight": read
+    from the plan's placement, which searches nothing when the run fits); None when it doesn't fit or no run
+    answers."""
     if not run_fits(plan):
         return None
-    return bool(tight_shares(run_shares(plan)))
+    return bool(plan.placement.run_kind == "tight")
 
 
 def margin(label: Hashable, plan: Any, largest_block: int) -> headroom.Margin | None:
