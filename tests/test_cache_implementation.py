@@ -20,11 +20,9 @@ from nbhw.core.hf.meta_build import quiet
 from nbhw.core.hf.tiny_model import tiny_model_path
 from tests import families
 from tests.realrun import RealRun, offloading_on_cpu, real_generate
-from tests.test_run import (
-    config_only,
-    one_thread,  # noqa: F401  (autouse: this module's tests on one torch thread)
-    saved,
-)
+from tests.test_run import config_only, saved
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # this module's tests on one torch thread
 
 BATCH, CONTEXT = 2, 257  # a 256-token prompt: quanto groups the cached keys by 64 (its q_group_size)
 MEMORY: dict[int | str, int | str] = {0: "1GiB", "cpu": "1GiB"}  # a CUDA placement: the offloaded cache runs there

@@ -24,8 +24,9 @@ from nbhw.core.fit.train_search import TrainFitResult
 from nbhw.core.train.arguments import METHODS
 from tests import families
 from tests.dists import BITSANDBYTES
-from tests.test_fit import one_thread  # noqa: F401  (autouse: this module's tests on one torch thread)
 from tests.test_run import config_only
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # this module's tests on one torch thread
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = 2  # rows per device per optimizer step: micro-batches 2 x 1 and 1 x 2

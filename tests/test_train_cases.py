@@ -128,6 +128,7 @@ def test_fsdp2_first_step_holds_the_whole_model_as_accelerate_shards_it(
     args = dataclasses.replace(args_for("lora", False, lora_r=4, batch=1, context=8), strategy="fsdp2", devices=2)
     memory = strategies.cached_dry_run(tf.AutoConfig.from_pretrained(path), args, "fsdp2", 2)
     assert memory.first_step_peak > 1.1 * memory.peak and memory.preparation_peak > memory.whole_model
+    unit = memory.whole_model // config.num_hidden_layers  # about one decoder layer's parameters, whole
     monkeypatch.setattr(L, "shards_at_load", lambda device_type: False)  # the script a GPU plan writes
     L.launch_files(str(path), args).write(tmp_path / "run")
     code, ranks, err = run_ranks(tmp_path / "run", fake_accelerator_types=True)
@@ -136,7 +137,11 @@ def test_fsdp2_first_step_holds_the_whole_model_as_accelerate_shards_it(
         first, steady = rank["steps"]["1"], rank["step_peaks"]["2"]
         print(f"first step: plan {memory.first_step_peak:,} B, real {first:,} B; then {memory.peak:,} vs {steady:,}")
         assert abs(memory.first_step_peak - first) <= 0.02 * first, (memory, rank)
-        assert abs(memory.peak - steady) <= 0.02 * steady, (memory, rank)
+        # FSDP2 may all-gather the next unit before the last one is freed, by the ranks' timing (seen once in CI:
+        # 14,854,824 B against 12,589,280 B): the steady step holds at most one unit's whole parameters more, and
+        # never more than the first step the plan reports.
+        assert -0.02 * steady <= steady - memory.peak <= 0.02 * steady + unit, (memory, rank)
+        assert steady <= memory.first_step_peak, (memory, rank)
     monkeypatch.undo()
     gpu = train_plan(path, method="lora", lora_r=4, batch=1, context=8, dtype="float32", strategy="fsdp2",
                      target="2x A100-80GB")  # fmt: skip
