@@ -26,15 +26,15 @@ READ = ("transformers", "accelerate", "peft", "kernels")
 # The tests that read library decisions: device choice, attention rules, kernels, quantization gates, private
 # names, dry runs, caches, target plans and the defaults of from_pretrained.
 TESTS = (
-    "tests/test_library_defaults.py",
-    "tests/test_choice.py",
-    "tests/test_private_names.py",
-    "tests/test_attention.py",
-    "tests/test_quantization.py",
-    "tests/test_target_plans.py",
-    "tests/test_plan_dryrun.py",
-    "tests/test_cache_implementation.py",
-    "tests/test_plan_placement.py",
+    "tests/core/advice/test_library_defaults.py",
+    "tests/core/hf/test_choice.py",
+    "tests/core/hf/test_private_names.py",
+    "tests/core/advice/test_attention.py",
+    "tests/core/advice/test_quantization.py",
+    "tests/core/plan/test_target_plans.py",
+    "tests/core/plan/test_dryrun.py",
+    "tests/core/plan/test_cache_implementation.py",
+    "tests/core/plan/test_placement.py",
 )
 
 

@@ -63,7 +63,8 @@ class HwMagics(Magics):
         else:
             print(shown.text())
 
-    # Each command imports the core module it runs when it runs: %load_ext nbhw stays within its 30 ms (tests/bench.py).
+    # Each command imports the core module it runs when it runs: %load_ext nbhw stays within its 30 ms
+    # (benchmarks/bench.py).
 
     def _run_devices(self, args: argparse.Namespace) -> None:
         from nbhw.core.hardware.detect import detect  # lazy: see above

@@ -18,11 +18,11 @@ case "$what" in
   *) echo "usage: scripts/setup.sh [lab|test]" >&2; exit 2 ;;
 esac
 
-# Real wheels the pre-flight tests (tests/test_doctor.py) put on sys.path one test at a time, and the quantization
-# loads (tests/test_quant_loads.py) run in a child process that has them. Not in the venv: installed there they
+# Real wheels the pre-flight tests (tests/core/hardware/test_doctor.py) put on sys.path one test at a time, and the quantization
+# loads (tests/core/advice/test_quant_loads.py) run in a child process that has them. Not in the venv: installed there they
 # would change what "this machine" is for every other test (kernels 0.17.2 is outside transformers 5.24's accepted
 # range, a finding of its own; torchao logs on every transformers import). The tests look in $NBHW_TEST_DISTS,
-# default here (tests/dists.py).
+# default here (tests/support/dists.py).
 if [ "$what" = test ]; then
   for pin in bitsandbytes==0.50.2 kernels==0.17.2 torchao==0.18.0; do
     dest=".venv/nbhw-test-dists/${pin/==/-}"

@@ -2,7 +2,8 @@
 
 Run from the repository root with bitsandbytes importable, as README's table was printed:
 ``PYTHONPATH=.venv/nbhw-test-dists/bitsandbytes-0.50.2 .venv/bin/python scripts/target_table.py``
-(tests/test_target_plans.py checks that README holds exactly what it prints). Meta-device builds and dry runs only:
+(tests/core/plan/test_target_plans.py checks that README holds exactly what it prints). Meta-device builds and dry
+runs only:
 nothing is downloaded and no device is needed.
 """
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes import FakeHardware
+from tests.support.fakes import FakeHardware
 
 _OWN_HOME = pytest.StashKey[str]()
 
@@ -66,7 +66,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.fixture
 def fake_hw(monkeypatch: pytest.MonkeyPatch) -> FakeHardware:
-    """Fake hardware for one test (see tests/fakes.py); the real CPU machine is still there underneath."""
+    """Fake hardware for one test (see tests/support/fakes.py); the real CPU machine is still there underneath."""
     for name in (
         "CUDA_VISIBLE_DEVICES",
         "CUDA_DEVICE_ORDER",

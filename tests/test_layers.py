@@ -22,7 +22,7 @@ LAZY = {
     ("nbhw/__init__.py", "from nbhw.server import NbhwApp"),  # and of jupyter_server and tornado
     ("nbhw/magics.py", "from nbhw.ui.panel import panel"),  # %load_ext stays free of ipywidgets and plotly
     ("nbhw/magics.py", "from nbhw.ui import memory"),
-    # %load_ext stays within 30 ms (tests/bench.py): each command imports what it runs when it runs
+    # %load_ext stays within 30 ms (benchmarks/bench.py): each command imports what it runs when it runs
     ("nbhw/magics.py", "from nbhw.core.hardware.detect import detect"),
     ("nbhw/magics.py", "from nbhw.core.hardware.report import report"),
     ("nbhw/magics.py", "from nbhw.core.advice.attention import advise"),

@@ -35,8 +35,8 @@ def test_readme_quickstart_command_exists() -> None:
 
 def test_readme_benchmark_command_runs_from_the_repository_root() -> None:
     command = readme_command("the benchmarks")
-    assert command.startswith(".venv/bin/python -m tests.bench")
-    argv = [sys.executable, "-m", "tests.bench", *command.split()[3:], "--help"]
+    assert command.startswith(".venv/bin/python -m benchmarks.bench")
+    argv = [sys.executable, "-m", "benchmarks.bench", *command.split()[3:], "--help"]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0 and "--only" in proc.stdout, proc.stderr
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from tests.fakes import GIB, FakeGpu, FakeHardware
 from tests.gpu import bigmodel, gpuenv, results
 from tests.gpu.gpuenv import ROOT, NvmlGpu, why_no_gpu
+from tests.support.fakes import GIB, FakeGpu, FakeHardware
 
 H200 = NvmlGpu(0, "NVIDIA H200", "GPU-0", "00000000:18:00.0", 141 * GIB, (9, 0))
 

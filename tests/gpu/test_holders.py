@@ -14,8 +14,8 @@ import pytest
 
 import nbhw
 import nbhw.session
-from tests.cells import fails, run
 from tests.gpu.gpuenv import GIB, MIB, gpu_only
+from tests.support.cells import fails, run
 
 pytestmark = gpu_only()
 

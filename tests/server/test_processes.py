@@ -17,7 +17,7 @@ from tornado.httpclient import HTTPResponse
 
 from nbhw.server import NbhwApp
 from nbhw.server.processes import server_kernels
-from tests.fakes import GIB, FakeGpu
+from tests.support.fakes import GIB, FakeGpu
 
 Fetch = Callable[..., Awaitable[HTTPResponse]]
 MIB = 2**20

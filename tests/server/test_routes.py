@@ -20,7 +20,7 @@ from tornado.httpclient import HTTPClientError, HTTPResponse
 from nbhw.core.hardware.report import SCHEMA_PATH, report
 from nbhw.server import NbhwApp
 from nbhw.server import app as server_app
-from tests.fakes import GIB, FakeGpu, NVMLError
+from tests.support.fakes import GIB, FakeGpu, NVMLError
 
 ROUTES = ["nbhw/api/devices", "nbhw/api/memory", "nbhw/metrics"]
 Fetch = Callable[..., Awaitable[HTTPResponse]]

@@ -1,12 +1,12 @@
 """Every private or internal name of torch, transformers, accelerate and the notebook stack that nbhw touches.
 
 Each entry says where it lives, what nbhw reads it for, how (an attribute it calls or reads, a class flag, or a
-function whose source nbhw parses with ``ast``), and the version it was read from. ``tests/test_private_names.py``
-checks that each one still exists in the installed libraries, so an upgrade that renames one fails there, by name,
-rather than somewhere in a plan. A name that exists only in some releases says which (``versions``, a PEP 440
-specifier of its library's versions): it is checked where such a release is installed (the compatibility run's
-sets for transformers, tests/test_doctor.py's kernels 0.17.2 wheel for kernels < 0.19), and nbhw's code that reads
-it finds it where it is, or says it could not tell.
+function whose source nbhw parses with ``ast``), and the version it was read from.
+``tests/core/hf/test_private_names.py`` checks that each one still exists in the installed libraries, so an upgrade
+that renames one fails there, by name, rather than somewhere in a plan. A name that exists only in some releases says
+which (``versions``, a PEP 440 specifier of its library's versions): it is checked where such a release is installed
+(the compatibility run's sets for transformers, tests/core/hardware/test_doctor.py's kernels 0.17.2 wheel for
+kernels < 0.19), and nbhw's code that reads it finds it where it is, or says it could not tell.
 """
 
 from __future__ import annotations
