@@ -106,8 +106,7 @@ def _run_cell_stamped(nb: object, cell: int) -> None:
 
 
 def one_round(nb: object, figures: Figures, line: str, dtypes: tuple[str, str], *, changes: int, name: str) -> None:
-    from tests.browser.harness import NotebookPage
-    from tests.browser.test_panel import control, labels
+    from tests.browser.harness import NotebookPage, control, labels
 
     assert isinstance(nb, NotebookPage)
     nb.open(name, [PREPARE, "%load_ext nbhw", f"%hw load {line}"])

@@ -602,3 +602,36 @@ class NotebookPage:
             for session in self.server.api("GET", "/api/sessions"):
                 if session.get("path") == self.path:
                     self.server.api("DELETE", f"/api/sessions/{session['id']}", timeout=30)
+
+
+def previewed(nb: NotebookPage, cell: int, timeout: float = 60) -> str:
+    """The code the panel in `cell` shows, once it shows some."""
+    box = code_box(nb, cell)
+    return poll(f"the code preview of cell {cell}", lambda: box.inner_text() or None, timeout)
+
+
+def control(nb: NotebookPage, cell: int, kind: str, label: str) -> Locator:
+    """An ipywidgets control of the Load tab of the panel in `cell`, found by its description."""
+    widget = (
+        nb.cell(cell)
+        .locator(f".nbhw-load .widget-{kind}")
+        .filter(has=nb.page.locator("label", has_text=re.compile(f"^{re.escape(label)}$")))
+    )
+    return widget.locator("select" if kind == "dropdown" else "input")
+
+
+def labels(select: Locator) -> list[str]:
+    """The options of a dropdown as a person reads them (ipywidgets writes spaces as no-break spaces)."""
+    return [t.replace("\xa0", " ") for t in select.locator("option").all_inner_texts()]
+
+
+def choose(select: Locator, label: str) -> None:
+    select.select_option(index=labels(select).index(label))
+
+
+def open_tab(nb: NotebookPage, cell: int, title: str) -> None:
+    nb.cell(cell).locator(".lm-TabBar-tab", has_text=title).click()
+
+
+def code_box(nb: NotebookPage, cell: int) -> Locator:
+    return nb.cell(cell).locator(".nbhw-codebox-code")

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from nbhw.core.hf.tiny_model import tiny_model_path
-from tests.browser.harness import NotebookPage, poll
-from tests.browser.test_panel import open_tab
+from tests.browser.harness import NotebookPage, open_tab, poll
 
 pytestmark = pytest.mark.browser
 

@@ -3,16 +3,14 @@ exactly the previewed code directly below its panel's cell, 20 of 20 times and w
 
 from __future__ import annotations
 
-import re
 import time
 
 import pytest
-from playwright.sync_api import Locator
 from transformers import LlamaConfig
 
 from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.core.plan.load_form import cached_models
-from tests.browser.harness import NotebookPage, poll
+from tests.browser.harness import NotebookPage, choose, code_box, control, labels, open_tab, poll, previewed
 
 pytestmark = pytest.mark.browser
 
@@ -26,16 +24,6 @@ def tiny() -> str:
     return str(tiny_model_path())
 
 
-def code_box(nb: NotebookPage, cell: int) -> Locator:
-    return nb.cell(cell).locator(".nbhw-codebox-code")
-
-
-def previewed(nb: NotebookPage, cell: int, timeout: float = 60) -> str:
-    """The code the panel in `cell` shows, once it shows some."""
-    box = code_box(nb, cell)
-    return poll(f"the code preview of cell {cell}", lambda: box.inner_text() or None, timeout)
-
-
 def changed_preview(nb: NotebookPage, cell: int, before: str, must_contain: str) -> str:
     box = code_box(nb, cell)
 
@@ -44,29 +32,6 @@ def changed_preview(nb: NotebookPage, cell: int, before: str, must_contain: str)
         return now if now != before and must_contain in now else None
 
     return poll(f"cell {cell}'s preview to show {must_contain}", check, 30)
-
-
-def control(nb: NotebookPage, cell: int, kind: str, label: str) -> Locator:
-    """An ipywidgets control of the Load tab of the panel in `cell`, found by its description."""
-    widget = (
-        nb.cell(cell)
-        .locator(f".nbhw-load .widget-{kind}")
-        .filter(has=nb.page.locator("label", has_text=re.compile(f"^{re.escape(label)}$")))
-    )
-    return widget.locator("select" if kind == "dropdown" else "input")
-
-
-def labels(select: Locator) -> list[str]:
-    """The options of a dropdown as a person reads them (ipywidgets writes spaces as no-break spaces)."""
-    return [t.replace("\xa0", " ") for t in select.locator("option").all_inner_texts()]
-
-
-def choose(select: Locator, label: str) -> None:
-    select.select_option(index=labels(select).index(label))
-
-
-def open_tab(nb: NotebookPage, cell: int, title: str) -> None:
-    nb.cell(cell).locator(".lm-TabBar-tab", has_text=title).click()
 
 
 def test_hw_shows_one_panel_with_all_four_tabs(notebook: NotebookPage, tiny: str) -> None:

@@ -10,8 +10,7 @@ from playwright.sync_api import Locator
 
 import nbhw
 from nbhw.core.hf.tiny_model import tiny_model_path
-from tests.browser.harness import NotebookPage, poll
-from tests.browser.test_panel import choose, previewed
+from tests.browser.harness import NotebookPage, choose, poll, previewed
 
 pytestmark = pytest.mark.browser
 

@@ -7,7 +7,6 @@ for the advisor's arguments; and one command table that the magic and the CLI bo
 
 from __future__ import annotations
 
-import argparse
 import ast
 import inspect
 from typing import Any
@@ -19,7 +18,6 @@ import nbhw
 from nbhw import __main__ as cli
 from nbhw import commands, magics
 from nbhw.core.advice.arguments import ADVICE_ARGUMENTS
-from nbhw.core.argument import Argument
 from nbhw.core.fit.arguments import FIT_ARGUMENTS, TRAIN_ONLY
 from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.core.plan import codegen
@@ -31,6 +29,7 @@ from nbhw.core.train.tasks import TASK_ARGUMENTS
 from nbhw.core.train.train_form import TRAIN_CONTROLS
 from nbhw.ui.load import LoadView
 from nbhw.ui.worker import Worker
+from tests.support.declarations import declared_words, options_of
 
 PLAN_NAMES = {a.name for a in PLAN_ARGUMENTS}
 # A value for each argument that makes it show in the emitted cell (the tiny model's config names bfloat16).
@@ -52,18 +51,6 @@ SHOWN = {
     "reserve": "600MiB",
     "pinned": None,  # a pinned run to compare with: read by the plan, not passed to from_pretrained
 }
-
-
-def options_of(top: commands.Parser, command: str) -> dict[str, argparse.Action]:
-    sub = commands.subparser(top, command)
-    assert sub is not None, command
-    return {s: a for a in sub._actions for s in a.option_strings if s not in {"-h", "--help"}} | {
-        a.dest: a for a in sub._actions if not a.option_strings
-    }
-
-
-def declared_words(arguments: tuple[Argument, ...]) -> set[str]:
-    return {w for a in arguments for w in ((a.name,) if a.positional else (*a.options, *a.negations))}
 
 
 @pytest.mark.parametrize("surface", ["magic", "cli"])

@@ -12,7 +12,7 @@ import nbhw
 from nbhw import __main__ as cli
 from nbhw import commands
 from nbhw.core.memory.arguments import FREE_ARGUMENTS, HOLDERS_ARGUMENTS
-from tests.commands.test_declarations import declared_words, options_of
+from tests.support.declarations import declared_words, options_of
 
 
 @pytest.mark.parametrize("surface", ["magic", "cli"])

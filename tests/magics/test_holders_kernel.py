@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.magics.test_memory_kernel import Kernel
+from tests.support.kernel import Kernel, shown
 
 pytestmark = pytest.mark.slow
 
@@ -52,10 +52,6 @@ def execute(kernel: Kernel, code: str, timeout: float = 120) -> list[dict[str, A
         if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
             return messages
         messages.append(msg)
-
-
-def shown(messages: list[dict[str, Any]], mime: str = "text/plain") -> str:
-    return "".join(m["content"]["data"].get(mime, "") for m in messages if m["msg_type"] == "display_data")
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.magics.test_memory_kernel import Kernel
+from tests.support.kernel import Kernel
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import nbhw
-from tests.magics.test_memory_kernel import Kernel
+from tests.support.kernel import Kernel
 
 pytestmark = pytest.mark.slow
 

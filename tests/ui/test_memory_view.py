@@ -14,9 +14,9 @@ import pytest
 
 from nbhw.core import memory
 from nbhw.ui import memory as ui
-from tests.core.memory.test_memory import Broken, Clock, FakeSource, Running
 from tests.support.fakes import GIB
 from tests.support.memcomm import Recorder, counter_bytes, open_widgets, recording_comms
+from tests.support.memory_sources import Broken, Clock, FakeSource, Running
 
 MIB = 1024**2
 

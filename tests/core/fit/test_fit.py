@@ -22,8 +22,8 @@ from nbhw.core.fit import solver
 from nbhw.core.fit.options import WHERE_OF_KIND, options, quantization_order
 from nbhw.core.hf.meta_build import quiet
 from nbhw.core.plan.load_plan import LoadPlan
-from tests.core.plan.test_run import config_only
 from tests.support import families, published
+from tests.support.models import config_only
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

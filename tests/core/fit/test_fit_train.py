@@ -22,9 +22,9 @@ import nbhw
 from nbhw.core.errors import UserError
 from nbhw.core.fit.train_search import TrainFitResult
 from nbhw.core.train.arguments import METHODS
-from tests.core.plan.test_run import config_only
 from tests.support import families
 from tests.support.dists import BITSANDBYTES
+from tests.support.models import config_only
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # this module's tests on one torch thread
 

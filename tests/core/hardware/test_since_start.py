@@ -19,9 +19,8 @@ import pytest
 import nbhw
 from nbhw.core.advice import quantization
 from nbhw.core.hardware import doctor, since_start
-from tests.magics.test_holders_kernel import shown
-from tests.magics.test_memory_kernel import Kernel
 from tests.support.fake_binaries import write_distribution
+from tests.support.kernel import Kernel, shown
 
 MODULE = "nbhw_demo_pkg"
 

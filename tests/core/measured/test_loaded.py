@@ -20,7 +20,7 @@ from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.core.measured.against_plan import plan_at
 from nbhw.core.measured.loaded import kernel_swaps
 from nbhw.core.measured.report import Entry
-from tests.magics.test_memory_kernel import Kernel
+from tests.support.kernel import Kernel
 
 DISK_MAP = {
     "model.embed_tokens": "cpu",

@@ -18,8 +18,8 @@ from nbhw.__main__ import main
 from nbhw.core.errors import UserError
 from nbhw.core.hf.meta_build import quiet
 from nbhw.core.hf.tiny_model import tiny_model_path
-from tests.core.plan.test_run import config_only, saved
 from tests.support import families
+from tests.support.models import config_only, saved
 from tests.support.realrun import RealRun, offloading_on_cpu, real_generate
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # this module's tests on one torch thread

@@ -21,26 +21,12 @@ from nbhw.core.hf.dryrun import storage_bytes
 from nbhw.core.hf.meta_build import quiet
 from nbhw.core.plan import run
 from tests.support import families, published
+from tests.support.models import config_only, saved
 from tests.support.realrun import real_generate
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 GIB = 2**30
-
-
-def saved(config: Any, folder: Path, auto: str = "AutoModelForCausalLM") -> str:
-    """A tiny random-weight checkpoint of ``config`` in ``folder``."""
-    torch.manual_seed(0)
-    with quiet():
-        getattr(transformers, auto).from_config(config).save_pretrained(folder)
-    return str(folder)
-
-
-def config_only(config: Any, folder: Path, arch: str, dtype: str = "float32") -> str:
-    config.architectures = [arch]
-    config.dtype = dtype
-    config.save_pretrained(folder)
-    return str(folder)
 
 
 def meta(make: Any, dtype: str = "float32", auto: str = "AutoModelForCausalLM") -> Any:

@@ -34,19 +34,13 @@ from nbhw.core.train.train_plan import search_batch, train_plan
 from tests.support import families
 from tests.support.fakes import FakeGpu, FakeHardware
 from tests.support.train_realrun import real_peak, save_tiny
+from tests.support.training import TOLERANCE, args_for, run_cell, run_ranks
 
 ROOT = Path(__file__).resolve().parents[3]
-TOLERANCE = 0.10
 FAMILIES = {"llama": families.llama, "qwen3": families.qwen3, "mistral": families.mistral, "gpt2": families.gpt2}
 TEST_DISTS = Path(os.environ.get("NBHW_TEST_DISTS") or Path(sys.prefix) / "nbhw-test-dists")
 BITSANDBYTES = TEST_DISTS / "bitsandbytes-0.50.2"
 needs_bnb = pytest.mark.skipif(not BITSANDBYTES.is_dir(), reason=f"bitsandbytes wheel not set up at {BITSANDBYTES}")
-
-
-def args_for(method: str, gc: bool, **extra: Any) -> Any:
-    dtype = "bfloat16" if method == "qlora" else "float32"
-    values = {"batch": 2, "context": 64, "lora_r": 8, "dtype": dtype, "device_type": "cpu", **extra}
-    return train_args(method=method, gradient_checkpointing=gc, **values)
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +107,7 @@ QLORA_CHECK = """
 import json, sys, warnings
 warnings.simplefilter("ignore")
 from tests.support import families
-from tests.core.train.test_train import args_for
+from tests.support.training import args_for
 from tests.support.train_realrun import real_peak, save_tiny
 from nbhw.core.train import step as S
 out = {}
@@ -296,17 +290,6 @@ def test_a_first_sharded_dry_run_reads_what_a_later_one_does() -> None:
 # ------------------------------------------------------------------ the emitted cell, run for real
 
 
-def run_cell(cell: str, folder: Path) -> list[float]:
-    namespace: dict[str, Any] = {}
-    cwd = os.getcwd()
-    os.chdir(folder)
-    try:
-        exec(compile(cell, "cell", "exec"), namespace)
-    finally:
-        os.chdir(cwd)
-    return [h["loss"] for h in namespace["trainer"].state.log_history if "loss" in h]
-
-
 @pytest.mark.parametrize("method", ["full", "lora"])
 def test_emitted_cell_trains_for_real_on_cpu(tiny: Path, tmp_path: Path, method: str) -> None:
     plan = train_plan(tiny, method=method, batch=2, context=32, gradient_checkpointing=True, lora_r=4,
@@ -319,7 +302,7 @@ def test_emitted_cell_trains_for_real_on_cpu(tiny: Path, tmp_path: Path, method:
 QLORA_CELL = """
 import sys, warnings
 warnings.simplefilter("ignore")
-from tests.core.train.test_train import run_cell
+from tests.support.training import run_cell
 from nbhw.core.train.train_plan import train_plan
 from pathlib import Path
 plan = train_plan(sys.argv[1], method="qlora", batch=2, context=32, gradient_checkpointing=True, lora_r=4,
@@ -426,26 +409,6 @@ def torchrun(strategy: str, model: Path, work: Path, **extra: Any) -> tuple[int,
                       **values)  # fmt: skip
     L.launch_files(str(model), args).write(work)
     return run_ranks(work, fake_accelerator_types=strategy == "tp")
-
-
-def run_ranks(
-    work: Path, *, accelerate: bool = False, fake_accelerator_types: bool = False
-) -> tuple[int, list[dict[str, Any]], str]:
-    """The launch files written in ``work`` run on 2 CPU ranks over gloo under tests/support/train_rank.py, started by
-    torchrun or by ``accelerate launch`` with the emitted config: the exit code, each rank's peaks, stderr's tail.
-    ``fake_accelerator_types``: train_rank.py's fake that lets accelerate take CPU processes for accelerators
-    (FSDP through accelerate, TP's parallelism config); FSDP2 on CPU needs no fake since it shards at load."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", PYTHONPATH=str(ROOT))
-    if fake_accelerator_types:
-        env["NBHW_TEST_FSDP_ON_CPU"] = "1"
-    rank = [str(ROOT / "tests" / "train_rank.py"), str(work / "peaks"), L.SCRIPT_NAME]
-    if accelerate:
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", L.ACCELERATE_CONFIG_NAME, *rank]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2", *rank]
-    done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600, check=False)
-    files = [work / "peaks" / f"rank{r}.json" for r in (0, 1)]
-    return done.returncode, [json.loads(f.read_text()) for f in files if f.exists()], done.stderr[-6000:]
 
 
 @pytest.mark.slow

@@ -16,9 +16,9 @@ import pytest
 from nbhw.core.train import launch as L
 from nbhw.core.train import strategies
 from nbhw.core.train.train_plan import train_plan
-from tests.core.train.test_train import TOLERANCE, args_for, run_ranks
 from tests.support import families
 from tests.support.train_realrun import real_peak, save_tiny
+from tests.support.training import TOLERANCE, args_for, run_ranks
 
 CPU_FSDP2 = {"batch": 2, "context": 32, "dtype": "float32", "device_type": "cpu", "strategy": "fsdp2", "devices": 2}
 

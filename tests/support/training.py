@@ -1,0 +1,53 @@
+"""Training test helpers: TrainArguments for a method, a QLoRA cell's real peak, and 2-rank runs over gloo."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from nbhw.core.train import launch as L
+from nbhw.core.train.arguments import train_args
+
+ROOT = Path(__file__).resolve().parents[2]
+TOLERANCE = 0.10
+
+
+def args_for(method: str, gc: bool, **extra: Any) -> Any:
+    dtype = "bfloat16" if method == "qlora" else "float32"
+    values = {"batch": 2, "context": 64, "lora_r": 8, "dtype": dtype, "device_type": "cpu", **extra}
+    return train_args(method=method, gradient_checkpointing=gc, **values)
+
+
+def run_cell(cell: str, folder: Path) -> list[float]:
+    namespace: dict[str, Any] = {}
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:
+        exec(compile(cell, "cell", "exec"), namespace)
+    finally:
+        os.chdir(cwd)
+    return [h["loss"] for h in namespace["trainer"].state.log_history if "loss" in h]
+
+
+def run_ranks(
+    work: Path, *, accelerate: bool = False, fake_accelerator_types: bool = False
+) -> tuple[int, list[dict[str, Any]], str]:
+    """The launch files written in ``work`` run on 2 CPU ranks over gloo under tests/support/train_rank.py, started by
+    torchrun or by ``accelerate launch`` with the emitted config: the exit code, each rank's peaks, stderr's tail.
+    ``fake_accelerator_types``: train_rank.py's fake that lets accelerate take CPU processes for accelerators
+    (FSDP through accelerate, TP's parallelism config); FSDP2 on CPU needs no fake since it shards at load."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", PYTHONPATH=str(ROOT))
+    if fake_accelerator_types:
+        env["NBHW_TEST_FSDP_ON_CPU"] = "1"
+    rank = [str(ROOT / "tests" / "support" / "train_rank.py"), str(work / "peaks"), L.SCRIPT_NAME]
+    if accelerate:
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", L.ACCELERATE_CONFIG_NAME, *rank]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2", *rank]
+    done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600, check=False)
+    files = [work / "peaks" / f"rank{r}.json" for r in (0, 1)]
+    return done.returncode, [json.loads(f.read_text()) for f in files if f.exists()], done.stderr[-6000:]
