@@ -15,6 +15,8 @@ import pytest
 
 from tests.support.fakes import FakeHardware
 
+pytest_plugins = ["tests.support.schedule"]
+
 _OWN_HOME = pytest.StashKey[str]()
 
 

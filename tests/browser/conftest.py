@@ -48,7 +48,14 @@ def browser() -> Iterator[Browser]:
         yield b
 
 
-@pytest.fixture(params=["lab", "notebook7"])
+# Each flavor's tests are one group for pytest-xdist (tests/support/schedule.py): a worker starts one server for
+# them, and the two flavors run side by side on the two workers.
+@pytest.fixture(
+    params=[
+        pytest.param("lab", marks=pytest.mark.xdist_group("browser-lab")),
+        pytest.param("notebook7", marks=pytest.mark.xdist_group("browser-notebook7")),
+    ]
+)
 def server(request: pytest.FixtureRequest) -> JupyterServer:
     """The server of this run of the test: JupyterLab, then Notebook 7."""
     got: JupyterServer = request.getfixturevalue(f"{request.param}_server")
