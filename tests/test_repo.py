@@ -103,3 +103,20 @@ def test_quickstart_notebook_runs_every_cell_without_errors() -> None:
     assert not [o for o in outputs if o.output_type == "error"]
     html = "".join(o.get("data", {}).get("text/html", "") for o in outputs)
     assert 'data-backend="musa"' in html and "environment report" in html
+
+
+def test_every_module_has_tests_the_quick_loop_runs() -> None:
+    """tests/ mirrors the package: scripts/quick_tests.py finds a test folder for each module of nbhw."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import quick_tests
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    for module in (ROOT / "nbhw").rglob("*.py"):
+        path = str(module.relative_to(ROOT))
+        folders = quick_tests.tests_for(path)
+        assert folders or module.name == "_version.py", path
+        assert all((ROOT / f).is_dir() and list((ROOT / f).rglob("test_*.py")) for f in folders), (path, folders)
+    assert quick_tests.tests_for("nbhw/core/plan/run.py") == ["tests/core/plan"]
+    assert quick_tests.tests_for("tests/support/fakes.py") == []
+    assert quick_tests.tests_for("README.md") == []
