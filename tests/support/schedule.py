@@ -6,10 +6,11 @@ names another with ``pytest.mark.xdist_group``: a long file splits that way into
 
 xdist sends groups in the order they are collected, then one more each time a worker finishes one. Collected
 alphabetically, a long group that comes late keeps one worker busy while the other has nothing left. Here the
-longest go first (their seconds in ``tests/durations.json``, from an earlier run), so the last to run are short. A
-group that is not in the record goes first: a new file's time is not known, and it is better met early.
+longest go first (their files' seconds in ``tests/durations.json``, from an earlier run; a part of a long file counts
+as long), so the last to run are short. A file that is not in the record goes first: its time is not known, and it
+is better met early.
 
-``--record-durations`` writes the record again from this run: each group's seconds (setup, call and teardown of its
+``--record-durations`` writes the record again from this run: each file's seconds (setup, call and teardown of its
 tests), measured where pytest reports them.
 """
 
@@ -40,13 +41,6 @@ def recorded() -> dict[str, float]:
     return seconds
 
 
-def group_of(nodeid: str) -> str:
-    """A test's group from its id, by xdist's rule: the name after ``@`` (loadgroup adds it), else the file."""
-    if nodeid.rfind("@") > nodeid.rfind("]"):
-        return nodeid.rsplit("@", 1)[-1]
-    return nodeid.split("::", 1)[0]
-
-
 def named_group(item: pytest.Item) -> str:
     """The group a test names (xdist joins several the same way), else its file."""
     names = sorted(
@@ -62,7 +56,11 @@ def longest_first(items: list[pytest.Item], seconds: dict[str, float]) -> list[p
     for item in items:
         groups[named_group(item)].append(item)
     unknown = float("inf")
-    order = sorted(groups, key=lambda g: -seconds.get(g, unknown))
+
+    def length(group: str) -> float:  # the record is by file: a part of a long file counts as long
+        return max(seconds.get(item.nodeid.split("::", 1)[0], unknown) for item in groups[group])
+
+    order = sorted(groups, key=lambda g: -length(g))
     return [item for g in order for item in groups[g]]
 
 
@@ -83,7 +81,7 @@ class Record:
         self.seconds: dict[str, float] = defaultdict(float)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        self.seconds[group_of(report.nodeid)] += report.duration
+        self.seconds[report.nodeid.split("::", 1)[0]] += report.duration  # by file: reports carry no group
 
     def pytest_sessionfinish(self) -> None:
         ordered = sorted(self.seconds.items(), key=lambda kv: -kv[1])
