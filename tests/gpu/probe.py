@@ -414,6 +414,21 @@ def tight_facts(model_path: str, spare: str) -> dict[str, Any]:
     return found
 
 
+def offline_kernels_facts(model_path: str) -> dict[str, Any]:
+    """With the Hub offline and Hub kernels left at transformers' default: what the plan says, then the cell run."""
+    import nbhw
+
+    plan = nbhw.plan(model_path)
+    found: dict[str, Any] = {"use_kernels": plan.use_kernels, "problems": plan.check(), "code": plan.code}
+    found["problems_without_kernels"] = nbhw.plan(model_path, use_kernels=False).check()
+    try:
+        exec(compile(plan.code, "<plan.code>", "exec"), {})  # the user's cell, as nbhw wrote it
+        found["load_error"] = None
+    except Exception as exc:  # what the user would see
+        found["load_error"] = f"{type(exc).__name__}: {exc}"
+    return found
+
+
 CHECKS = {
     "preflight": lambda args: preflight_facts(),
     "context": lambda args: context(args[0], args[1] if len(args) > 1 else None),
@@ -422,6 +437,7 @@ CHECKS = {
     "load": lambda args: load_facts(args[0] if args else None),
     "generate": lambda args: generate_facts(args[0], args[1]),
     "tight": lambda args: tight_facts(args[0], args[1]),
+    "offline_kernels": lambda args: offline_kernels_facts(args[0]),
 }
 
 

@@ -330,6 +330,28 @@ def swapped_layers(model_class: Any, device_type: str) -> list[str]:
     return sorted({e.layer for e in default_mapping().for_device(device_type) if e.layer in marked and e.repos})
 
 
+def hub_offline() -> bool:
+    """Whether huggingface_hub is in offline mode in this process (HF_HUB_OFFLINE): the flag kernels passes as
+    ``local_files_only`` when a load fetches a Hub kernel."""
+    from huggingface_hub import constants  # lazy: import nbhw and %load_ext nbhw stay free of the Hub client
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def uncached_kernel_repos(model_class: Any, device_type: str) -> list[str] | None:
+    """The Hub kernel repositories ``use_kernels=True`` would fetch for ``model_class`` on ``device_type`` that have
+    no version in the local cache, as kernels' own cache reader sees it (an offline load of those fails); None when
+    this kernels has no such reader (unknown)."""
+    try:  # lazy: kernels is heavy, and only an offline plan with use_kernels asks
+        from kernels._internals._versions import _get_available_versions
+    except ImportError:
+        return None
+    marked = set(model_kernel_layers(model_class))
+    entries = default_mapping().for_device(device_type)
+    repos = sorted({r.split(":")[0] for e in entries if e.layer in marked for r in e.repos})
+    return [r for r in repos if not _get_available_versions(r, local_files_only=True)]
+
+
 def hub_kernels_enabled() -> tuple[bool, str]:
     """transformers' USE_HUB_KERNELS switch as ``from_pretrained`` reads it now, and the value it reads."""
     from transformers.integrations import hub_kernels  # lazy: import nbhw and %load_ext nbhw stay free of transformers

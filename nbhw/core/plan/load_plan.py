@@ -449,6 +449,7 @@ class LoadPlan(Shown):
             problems += placement.problems
             problems += [with_fix(e) for e in self.quantizer.errors] if self.quantizer is not None else []
             problems += self._device_problems(placement)
+            problems += self._offline_kernel_problems(placement) if self.target is None else []
             if build is not None and build.ok:
                 problems += self._flash_problems(placement)
             elif build is None and self._attn_download and self.target is None:
@@ -540,6 +541,27 @@ class LoadPlan(Shown):
 
     def _device_problems(self, placement: Placement) -> list[str]:
         return presence.absent(list(placement.device_map.values()), self.rows, self.live.accelerator)
+
+    def _offline_kernel_problems(self, placement: Placement) -> list[str]:
+        """Hub kernels the load would fetch while the Hub is offline here and that are not in the local cache:
+        from_pretrained stops at kernelize (kernels raises), so the cell fails."""
+        if not self.use_kernels or self._kernel_problems() or not kernel_tables.hub_offline():
+            return []
+        cls = meta_build.model_class(self.config.config, self.auto_class)
+        given = "" if self.args.use_kernels else " (transformers' default)"
+        out = []
+        for kind in dict.fromkeys(
+            presence.device_type(v, self.live.accelerator) for v in placement.device_map.values()
+        ):
+            missing = kernel_tables.uncached_kernel_repos(cls, kind) if kind else []
+            if missing is None:
+                out.append(f"use_kernels=True{given} on {kind} with the Hub offline (HF_HUB_OFFLINE): whether its "
+                           "kernels are in the local cache is unknown (no kernels cache reader here)")  # fmt: skip
+            elif missing:
+                out.append(f"use_kernels=True{given} fetches {', '.join(missing)} on {kind}, the Hub is offline here "
+                           "(HF_HUB_OFFLINE) and the local cache has no version of it: from_pretrained fails; pass "
+                           "use_kernels=False (--no-kernels), or download the kernels while online")  # fmt: skip
+        return out
 
     def _advised_attention(self, placement: Placement) -> list[str]:
         """A Hub-kernel attention a build can't check here: the attention advice's answer for each device used."""

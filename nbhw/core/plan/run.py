@@ -1171,19 +1171,37 @@ def framework_reserve(
     return Reserve(backend, 512 * MiB, "no figure for this backend", "unmeasured: override it")
 
 
+# Hopper and later: NVML's bytes for the process minus torch's pool, after a bf16 generate with SDPA (nbhw's GPU suite,
+# tests/gpu/test_run.py, on an H200 with torch 2.11.0+cu130 and driver 580.159.04, 2026-12-04). The published
+# 300-400 MB (lazy loading, CUDA 11.7) was 222 MiB short there.
+HOPPER_CONTEXT = 686 * MiB
+
+
 def _cuda_reserve(backend: str, capability: tuple[int, int] | None, total_memory: int | None) -> Reserve:
     major = capability[0] if capability else 8
     # cuBLAS: CUBLAS_WORKSPACE_CONFIG default ":4096:2:16:8" (8 MiB + 128 KiB) before Hopper, 32 MiB from sm90;
     # cuBLASLt: 1 MiB, 4 MiB on Ampere >= 24 GiB, 32 MiB from sm90 (pytorch#120925).
     cublas = 32 * MiB if major >= 9 else (4096 * 2 + 16 * 8) * 1024
     lt = 32 * MiB if major >= 9 else 4 * MiB if major == 8 and (total_memory or 0) >= 24 * 2**30 else MiB
+    workspaces = (
+        "pytorch#120925 (cuBLASLt workspace sizes), CUBLAS_WORKSPACE_CONFIG default in "
+        "aten/src/ATen/cuda/CublasHandlePool.cpp"
+    )
+    if major >= 9:
+        return Reserve(
+            backend,
+            HOPPER_CONTEXT + cublas + lt,
+            "CUDA context and the modules a generate loads (686 MiB measured on an H200) + cuBLAS / cuBLASLt "
+            "workspaces",
+            "measured by nbhw's GPU suite on an H200 (torch 2.11.0+cu130, driver 580.159.04; the published "
+            f"~300-400 MB of pytorch#86509 / #109888 was 222 MiB short there); {workspaces}",
+        )
     return Reserve(
         backend,
         400 * MiB + cublas + lt,
         "CUDA context with lazy module loading (~300-400 MB) + cuBLAS / cuBLASLt workspaces",
         "pytorch#86509 (287 MB lazy vs 667 MB eager loading, measured at merge), pytorch#109888 and "
-        "#107667 (maintainer: ~300-400 MB since CUDA 11.7 lazy loading), pytorch#120925 (cuBLASLt "
-        "workspace sizes), CUBLAS_WORKSPACE_CONFIG default in aten/src/ATen/cuda/CublasHandlePool.cpp",
+        f"#107667 (maintainer: ~300-400 MB since CUDA 11.7 lazy loading; not measured here), {workspaces}",
     )
 
 

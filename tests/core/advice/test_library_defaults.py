@@ -9,6 +9,7 @@ to a Hub kernel on every machine. nbhw's plan, cell, advice and ``nbhw.loaded()`
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ import nbhw
 from nbhw.core.advice.status import Status
 from nbhw.core.hf import kernel_tables, meta_build
 from nbhw.core.hf.tiny_model import tiny_model_path
+from tests.support.fakes import GIB, FakeGpu, FakeHardware
 
 TINY = str(tiny_model_path())
 
@@ -179,3 +181,65 @@ def test_the_installed_mapping_is_transformers_own() -> None:
         return
     assert mapping.problem is None and "(run)" in mapping.source
     assert {e.layer for e in mapping.entries} == set(builder())
+
+
+OFFLINE_FIX = "use_kernels=False (--no-kernels)"
+
+
+@pytest.fixture
+def offline_cuda(fake_hw: FakeHardware, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """One CUDA GPU (NVML), the Hub offline as kernels reads it, and an empty kernels cache; returns the cache."""
+    from huggingface_hub import constants
+
+    fake_hw.nvidia(FakeGpu(total=80 * GIB))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("KERNELS_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def _cache(cache: Path, repo: str) -> None:
+    """A kernel repository with version 1 in the local cache, laid out as the Hub client lays it out."""
+    from huggingface_hub.file_download import repo_folder_name
+
+    refs = cache / repo_folder_name(repo_id=repo, repo_type="kernel") / "refs"
+    refs.mkdir(parents=True, exist_ok=True)
+    (refs / "v1").write_text("0" * 40)
+
+
+def test_an_offline_load_on_cuda_says_which_hub_kernels_it_lacks(offline_cuda: Path) -> None:
+    # Seen on a real H200 (tests/gpu): with the Hub offline, transformers 5.25's default use_kernels made the cell
+    # nbhw wrote fail in kernelize ("Version 2 of 'kernels-community/rotary' is not available in the local cache").
+    if not meta_build.kernels_status()[0] or not kernel_tables.kernels_default().value:
+        pytest.skip("this transformers leaves Hub kernels off by default")
+    plan = nbhw.plan(TINY, device_map="cuda:0")
+    cls = meta_build.model_class(plan.config.config, plan.auto_class)
+    missing = kernel_tables.uncached_kernel_repos(cls, "cuda")
+    assert missing and "kernels-community/rotary" in missing
+    found = [p for p in plan.check() if "the Hub is offline" in p]
+    assert len(found) == 1 and all(r in found[0] for r in missing) and OFFLINE_FIX in found[0], plan.check()
+    # kernels itself refuses each one named, offline, the way the real load did.
+    from kernels._internals._versions import resolve_version_spec_as_ref
+
+    for repo in missing:
+        with pytest.raises(ValueError, match="not available in the local cache"):
+            resolve_version_spec_as_ref(repo, 1, local_files_only=True)
+
+
+def test_cached_kernels_use_kernels_false_or_an_online_hub_clear_it(
+    offline_cuda: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not meta_build.kernels_status()[0] or not kernel_tables.kernels_default().value:
+        pytest.skip("this transformers leaves Hub kernels off by default")
+    off = nbhw.plan(TINY, device_map="cuda:0", use_kernels=False)
+    assert not any("the Hub is offline" in p for p in off.check())
+    plan = nbhw.plan(TINY, device_map="cuda:0")
+    cls = meta_build.model_class(plan.config.config, plan.auto_class)
+    for repo in kernel_tables.uncached_kernel_repos(cls, "cuda") or []:
+        _cache(offline_cuda, repo)
+    assert kernel_tables.uncached_kernel_repos(cls, "cuda") == []
+    assert not any("the Hub is offline" in p for p in nbhw.plan(TINY, device_map="cuda:0").check())
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("KERNELS_CACHE", str(offline_cuda / "empty"))
+    assert not any("the Hub is offline" in p for p in nbhw.plan(TINY, device_map="cuda:0").check())
