@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -44,10 +45,22 @@ def run_ranks(
     if fake_accelerator_types:
         env["NBHW_TEST_FSDP_ON_CPU"] = "1"
     rank = [str(ROOT / "tests" / "support" / "train_rank.py"), str(work / "peaks"), L.SCRIPT_NAME]
+    # A free port each: two runs on the two xdist workers at once would otherwise both rendezvous on 29500, and one
+    # rank joins the other run's store (seen once in CI as a rank killed by SIGABRT).
+    port = str(_free_port())
     if accelerate:
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", L.ACCELERATE_CONFIG_NAME, *rank]
+        launch = ["-m", "accelerate.commands.launch", "--config_file", L.ACCELERATE_CONFIG_NAME]
+        cmd = [sys.executable, *launch, "--main_process_port", port, *rank]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2", *rank]
+        launch = ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2"]
+        cmd = [sys.executable, *launch, "--master_port", port, *rank]
     done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600, check=False)
     files = [work / "peaks" / f"rank{r}.json" for r in (0, 1)]
     return done.returncode, [json.loads(f.read_text()) for f in files if f.exists()], done.stderr[-6000:]
+
+
+def _free_port() -> int:
+    """A TCP port on localhost that nothing listens on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
