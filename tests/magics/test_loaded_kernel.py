@@ -4,24 +4,14 @@ as planned, the Memory tab's line appears, and a pin written there reads back he
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import nbhw
-from tests.support.kernel import Kernel
+from tests.support.kernel import Kernel, fresh_kernel  # noqa: F401  (the `kernel` fixture)
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def kernel() -> Iterator[Kernel]:
-    k = Kernel()
-    try:
-        yield k
-    finally:
-        k.close()
 
 
 def test_the_emitted_cell_in_a_kernel_is_reported_as_planned_and_pinned(kernel: Kernel, tmp_path: Path) -> None:

@@ -3,26 +3,16 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.kernel import Kernel
+from tests.support.kernel import Kernel, fresh_kernel  # noqa: F401  (the `kernel` fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def kernel() -> Iterator[Kernel]:
-    k = Kernel()
-    try:
-        yield k
-    finally:
-        k.close()
 
 
 def widget_ids(messages: list[dict[str, Any]]) -> set[str]:

@@ -6,8 +6,10 @@ import os
 import queue
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
 from jupyter_client.manager import KernelManager
 
 
@@ -51,6 +53,17 @@ class Kernel:
     def close(self) -> None:
         self.client.stop_channels()
         self.manager.shutdown_kernel(now=True)
+
+
+@pytest.fixture(name="kernel")
+def fresh_kernel() -> Iterator[Kernel]:
+    """The ``kernel`` fixture: a fresh real kernel for one test, shut down after it. A test module gets it by
+    importing it (``from tests.support.kernel import fresh_kernel``; pytest finds it under the name ``kernel``)."""
+    k = Kernel()
+    try:
+        yield k
+    finally:
+        k.close()
 
 
 def shown(messages: list[dict[str, Any]], mime: str = "text/plain") -> str:

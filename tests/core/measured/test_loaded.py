@@ -21,6 +21,11 @@ from nbhw.core.measured.against_plan import plan_at
 from nbhw.core.measured.loaded import kernel_swaps
 from nbhw.core.measured.report import Entry
 from tests.support.kernel import Kernel
+from tests.support.models import saved_quickly
+
+# torch on one thread in this process (the in-process shell's loads and generates): on 2 cores where another process
+# keeps one busy (the other xdist worker), torch's second OpenMP thread waits on a descheduled core at every op.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 DISK_MAP = {
     "model.embed_tokens": "cpu",
@@ -310,13 +315,14 @@ def test_the_memory_tab_shows_a_line_for_the_cell_that_loaded(session: Any) -> N
 
 @pytest.fixture(scope="module")
 def mid(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A 221 MiB Qwen3 (float32 on disk): large enough that its tensors, not the process's noise, move RSS."""
+    """A 221 MiB Qwen3 (float32 on disk): large enough that its tensors, not the process's noise, move RSS (the
+    process's own overheads, the Trainer's and accelerate's, are already +19 % of a full step's plan at this size)."""
     folder = tmp_path_factory.mktemp("mid")
     config = transformers.Qwen3Config(
         vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
         num_key_value_heads=4, head_dim=64, max_position_embeddings=4096, tie_word_embeddings=False,
     )  # fmt: skip
-    transformers.Qwen3ForCausalLM(config).save_pretrained(folder)
+    saved_quickly(config, folder)
     tokenizer_into(folder)
     return str(folder)
 
@@ -326,10 +332,18 @@ def notebook() -> Iterator[Kernel]:
     """A fresh Jupyter kernel with nbhw's memory graph on, as a user's notebook is. Host peaks are measured there,
     not in this test process: after hundreds of tests its C heap is fragmented, and the same bfloat16 generate
     below read +9 % alone, +23 % after test_train.py here and +45 % in CI against the plan's run peak, while the
-    tensors' own peak (torch's profiler, a fresh process) stayed 5 % under the plan."""
+    tensors' own peak (torch's profiler, a fresh process) stayed 5 % under the plan. One kernel per test for the
+    same reason: a bfloat16 generate read +14 % in a fresh kernel and +32 % in one where the float32 test had run.
+
+    torch runs on one thread there: on 2 cores with one kept busy by another process (the other xdist worker), the
+    generate below took 70 s on torch's default two threads and 6 s on one (the second thread waits on a
+    descheduled core at every op); idle, 5.5 s and 7 s."""
     kernel = Kernel()
     try:
-        kernel.run("import json, torch, transformers, nbhw\n%load_ext nbhw\n%hw memory --interval 0.05 --window 120")
+        kernel.run(
+            "import json, torch, transformers, nbhw\ntorch.set_num_threads(1)\n"
+            "%load_ext nbhw\n%hw memory --interval 0.05 --window 120"
+        )
         yield kernel
     finally:
         kernel.close()
