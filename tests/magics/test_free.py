@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,12 +17,21 @@ from nbhw.core.errors import UserError
 from nbhw.session import shell_free
 from tests.support.cells import fails, run
 from tests.support.fake_allocator import FakeDevice, FakeMemory
+from tests.support.shells import fresh_session
+
+
+@pytest.fixture(scope="module")
+def collected() -> None:
+    """One full collection before the module's first test (each later test starts after its predecessor's)."""
+    gc.collect()
 
 
 @pytest.fixture
-def shell(fresh_ip: Any) -> Any:
-    run(fresh_ip, "import torch\nfrom torch import nn")
-    return fresh_ip
+def shell(ip: Any, collected: None) -> Iterator[Any]:
+    """conftest's fresh_ip with one full gc.collect() a test instead of three (see tests/support/shells.py)."""
+    with fresh_session(ip):
+        run(ip, "import torch\nfrom torch import nn")
+        yield ip
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import gc
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -59,18 +59,21 @@ HOST = ("rss", "available", "capacity")
 NVIDIA = ("allocated", "reserved", "used", "capacity")  # torch's two counters and NVML's used + total
 
 
-def per_tick(rec: Recorder, gpus: int, marks: tuple[int, ...]) -> dict[int, int]:
+def per_tick(rec: Recorder, gpus: int, marks: tuple[int, ...], ticks: Iterable[int] | None = None) -> dict[int, int]:
     """Bytes the graph sends at each mark (ticks), with the host and ``gpus`` NVIDIA-like devices all changing.
 
-    Less the digits of plotly's edit counters, the one thing that grows (a byte each at 10, 100, 1,000 ... edits).
+    ``ticks``: the sampler's tick numbers taken, each drawn (default: every one up to the last mark); the tick
+    numbered n is the session's (n + 1)th, which is what the marks count. Less the digits of plotly's edit counters,
+    the one thing that grows (a byte each at 10, 100, 1,000 ... edits).
     """
     sources = [Cycling("host", HOST)] + [Cycling(f"cuda:{i}", NVIDIA) for i in range(gpus)]
     sampler = Running(interval=0.5, window=600, sources=sources)  # the defaults: 1,200 samples a trace
     ui.MemoryView(sampler, memory.CellLog(sampler))
     rec.drain()
     sent = {}
-    for tick in range(1, max(marks) + 1):
-        sampler.tick()
+    for number in range(max(marks)) if ticks is None else ticks:
+        sampler.tick(number)
+        tick = number + 1  # how many ticks the session has had
         _, nbytes, messages = rec.drain()
         assert len(updates(messages, "_py2js_update")) == 1, tick  # every tick changes: one plotly update each
         assert not updates(messages, "_py2js_restyle") and not updates(messages, "_py2js_relayout")
@@ -92,7 +95,13 @@ def per_tick(rec: Recorder, gpus: int, marks: tuple[int, ...]) -> dict[int, int]
 
 @pytest.mark.slow
 def test_a_tick_sends_the_same_bytes_after_100_and_10000_ticks(rec: Recorder) -> None:
-    sent = per_tick(rec, gpus=1, marks=(100, 1_200, 10_000))
+    # Ticks 1 to 1,200 fill the window, each drawn. Then the sampler wakes at tick 8,801 as its thread does after a
+    # stall (schedule() skips the missed ticks; the ring makes them NaN) and draws the 1,200 ticks to 10,000: the window
+    # is full of fresh samples again, the ring has wrapped eight times and its newest slot is elsewhere (399, not
+    # 1,199). 2,400 drawn ticks, not 10,000: whatever a draw adds to the next draw's bytes shows between the first two
+    # marks (1,100 draws apart) already, and the edit counters' digits, the one thing that grows, are counted out.
+    ticks = [*range(0, 1_200), *range(8_800, 10_000)]
+    sent = per_tick(rec, gpus=1, marks=(100, 1_200, 10_000), ticks=ticks)
     assert sent[100] == sent[1_200] == sent[10_000], sent
 
 

@@ -10,6 +10,7 @@ import json
 import random
 import sys
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,12 +25,21 @@ from nbhw.core.memory.keeps_alive import Walker, device_of, key_of, on_device, w
 from nbhw.session import shell_holders
 from tests.support.cells import fails, run, storage_bytes
 from tests.support.fake_allocator import FakeDevice, FakeMemory
+from tests.support.shells import fresh_session
+
+
+@pytest.fixture(scope="module")
+def collected() -> None:
+    """One full collection before the module's first test (each later test starts after its predecessor's)."""
+    gc.collect()
 
 
 @pytest.fixture
-def shell(fresh_ip: Any) -> Any:
-    run(fresh_ip, "import torch\nfrom torch import nn")
-    return fresh_ip
+def shell(ip: Any, collected: None) -> Iterator[Any]:
+    """conftest's fresh_ip with one full gc.collect() a test instead of three (see tests/support/shells.py)."""
+    with fresh_session(ip):
+        run(ip, "import torch\nfrom torch import nn")
+        yield ip
 
 
 def group(report: H.Holders, *labels: str, device: str = "cpu") -> H.Group:
