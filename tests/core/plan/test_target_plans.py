@@ -7,19 +7,22 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import importlib.util
+import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import nbhw
+from nbhw.core.advice import attention, attention_rules
 from nbhw.core.advice.status import Status
 from nbhw.core.hardware import who_picks
 from nbhw.core.hardware.targets import Accelerator, catalog, parse_target
-from nbhw.core.hf import library_source
+from nbhw.core.hf import library_source, meta_build
 from nbhw.core.plan.placement import is_accelerator
 from nbhw.core.plan.run import framework_reserve
 from tests.support.dists import BITSANDBYTES
@@ -35,6 +38,27 @@ def _script() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_meta_build_per_attention_and_dtype() -> Iterator[dict[tuple[str, ...], meta_build.MetaBuild]]:
+    """The attention advice's meta builds, each built once for the module: a build is a function of the config,
+    the dtype, the attn_implementation and the auto class alone (never of the target), and the advice only reads it;
+    nbhw rebuilds the same seven for every target (the plan and the quantization advice keep theirs)."""
+    real = attention_rules.build_for
+    builds: dict[tuple[str, ...], meta_build.MetaBuild] = {}
+
+    def build_for(key: str | None, env: Any) -> meta_build.MetaBuild:
+        config = env.model.config
+        found = (str(key), str(env.dtype), str(env.model.auto_class), config.to_json_string(use_diff=False))
+        if found not in builds:
+            builds[found] = real(key, env)
+        return builds[found]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(attention_rules, "build_for", build_for)
+        patch.setattr(attention, "build_for", build_for)
+        yield builds
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +112,7 @@ def _check_plan(a: Accelerator, plan: Any) -> None:
     if weights > a.memory_bytes * a.devices_per_card:
         assert placement.kind in {"cpu_offload", "disk", "too_big"}, (a.key, placement.verdict)
     assert plan.check() == [], (a.key, plan.check())
-    assert plan.to_dict()["target"] == parse_target(a.name).label
+    assert plan.target is not None and plan.target.label == parse_target(a.name).label  # what to_dict() says: below
     _check_run(a, placement)
 
 
@@ -120,6 +144,31 @@ def test_plan_and_attention_follow_the_entrys_capability_and_dtypes(llama: str, 
     _check_plan(a, plan)
     bf16_notes = [n for n in nbhw.plan(llama, target=a.name, offline=True).notes if "no native bfloat16" in n]
     assert bool(bf16_notes) == (not a.dtypes["bf16"]), a.key  # the config's bfloat16 on a card without it
+
+
+def _cheapest_per_backend() -> list[str]:
+    """Per backend, the entry with the fewest devices per card and the least memory, and the cheapest with two or
+    more devices per card (a run split over a card's devices): to_dict()'s batch search is ~20 dry runs, more the
+    more room there is."""
+    keys: dict[str, str] = {}
+    for a in sorted(catalog(), key=lambda a: (a.devices_per_card, a.memory_bytes)):
+        keys.setdefault(a.backend, a.key)
+        if a.devices_per_card > 1:
+            keys.setdefault("split", a.key)
+    return list(dict.fromkeys(keys.values()))
+
+
+@pytest.mark.parametrize("key", _cheapest_per_backend())
+def test_the_plans_json_names_the_target_and_counts_its_run(llama: str, key: str) -> None:
+    a = _entry(key)
+    advice = nbhw.attention(llama, target=a.name, offline=True)
+    plan = nbhw.plan(llama, target=a.name, dtype=advice.precision.dtype, offline=True)
+    found = json.loads(json.dumps(plan.to_dict()))
+    assert found["target"] == parse_target(a.name).label and found["dtype"] == advice.precision.dtype, a.key
+    assert found["problems"] == plan.check(), a.key
+    if plan.placement is not None and plan.placement.run_kind is not None:  # the entries accelerate budgets
+        assert found["run"] is not None and found["context"] == 4096, (a.key, found["run"])
+        assert found["max_batch"] == plan.max_batch and found["max_context"] == plan.max_context, a.key
 
 
 def test_the_emitted_cell_uses_the_targets_device_strings(llama: str) -> None:
