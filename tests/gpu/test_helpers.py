@@ -215,8 +215,8 @@ def test_driver_runs_to_no_gpu_and_leaves_its_results(tmp_path: Path) -> None:
     names = {t["nodeid"].split("::")[0] for t in tests}
     assert names == {
         f"tests/gpu/test_{m}.py"
-        for m in ("attention", "catalog_memory", "detect", "doctor", "holders", "loaded", "memory", "plan", "run",
-                  "train", "visible")
+        for m in ("attention", "catalog_memory", "detect", "doctor", "holders", "loaded", "memory",
+                  "offline_kernels", "plan", "run", "train", "visible")
     }  # fmt: skip
     assert (tmp_path / "out/junit.xml").read_text().count("<skipped") == len(tests)
 

@@ -207,6 +207,16 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         only="kernels",
         versions=KERNELS19,
     ),
+    # kernels: its cache reader, for an offline load's uncached Hub kernels (nbhw.core.hf.kernel_tables)
+    _n(
+        "kernels._internals._versions",
+        "_get_available_versions",
+        "call",
+        KERNELS_V19,
+        "a Hub kernel's versions in the local cache",
+        only="kernels",
+        versions=KERNELS19,
+    ),
     # kernels: the Hub repo of an entry of transformers' default mapping (nbhw.core.hf.kernel_tables)
     _n(
         "kernels",
