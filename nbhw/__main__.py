@@ -10,18 +10,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from nbhw import commands
-from nbhw.core.advice import quantization
-from nbhw.core.advice.arguments import ADVICE_ARGUMENTS, QUANTIZATION_ARGUMENTS
-from nbhw.core.advice.attention import advise
 from nbhw.core.argument import given
 from nbhw.core.errors import UserError
-from nbhw.core.fit.solver import from_words as fit_from_words
-from nbhw.core.hardware.detect import detect
-from nbhw.core.hardware.doctor import doctor
-from nbhw.core.hardware.report import report
-from nbhw.core.hardware.targets import targets
-from nbhw.core.plan.load_plan import LoadPlan
-from nbhw.core.train.tasks import from_words as task_from_words
+
+# Each runner imports the core module it runs when it runs: a command pays for its own imports only.
 
 
 def _printed(result: Any, args: argparse.Namespace) -> None:
@@ -29,11 +21,15 @@ def _printed(result: Any, args: argparse.Namespace) -> None:
 
 
 def _devices(args: argparse.Namespace) -> int:
+    from nbhw.core.hardware.detect import detect
+
     _printed(detect(), args)
     return 0
 
 
 def _report(args: argparse.Namespace) -> int:
+    from nbhw.core.hardware.report import report
+
     result = report()
     print(result.json() if args.json else result.text())
     return 0
@@ -41,6 +37,8 @@ def _report(args: argparse.Namespace) -> int:
 
 def _doctor(args: argparse.Namespace) -> int:
     """Exit 1 when a finding is an error: something will fail (a script can stop before loading)."""
+    from nbhw.core.hardware.doctor import doctor
+
     result = doctor()
     _printed(result, args)
     return 1 if result.errors else 0
@@ -57,22 +55,33 @@ def _memory(args: argparse.Namespace) -> int:
 
 
 def _attention(args: argparse.Namespace) -> int:
+    from nbhw.core.advice.arguments import ADVICE_ARGUMENTS
+    from nbhw.core.advice.attention import advise
+
     _printed(advise(args.model, offline=args.offline, **given(args, ADVICE_ARGUMENTS)), args)
     return 0
 
 
 def _quantization(args: argparse.Namespace) -> int:
+    from nbhw.core.advice import quantization
+    from nbhw.core.advice.arguments import QUANTIZATION_ARGUMENTS
+
     _printed(quantization.advise(args.model, offline=args.offline, **given(args, QUANTIZATION_ARGUMENTS)), args)
     return 0
 
 
 def _targets(args: argparse.Namespace) -> int:
+    from nbhw.core.hardware.targets import targets
+
     _printed(targets(args.vendor), args)
     return 0
 
 
 def _load(args: argparse.Namespace) -> int:
-    plan = task_from_words(args)  # a word the other task takes is a mistake here (exit 2)
+    from nbhw.core.plan.load_plan import LoadPlan
+    from nbhw.core.plan.task import from_words
+
+    plan = from_words(args)  # a word the other task takes is a mistake here (exit 2)
     if not isinstance(plan, LoadPlan):
         return _trained(plan, args)
     if args.emit:
@@ -84,7 +93,9 @@ def _load(args: argparse.Namespace) -> int:
 
 def _fit(args: argparse.Namespace) -> int:
     """Exit 1 when nothing fits (a script can stop before loading)."""
-    result = fit_from_words(args)
+    from nbhw.core.fit.solver import from_words
+
+    result = from_words(args)
     if args.emit and result.code is not None:
         print(result.code, end="")
     else:

@@ -10,40 +10,54 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal, NoReturn
 
-from nbhw.core.advice.arguments import ADVICE_ARGUMENTS, QUANTIZATION_ARGUMENTS
 from nbhw.core.argument import EMIT, JSON, MODEL, OFFLINE, Argument
 from nbhw.core.errors import UserError
-from nbhw.core.fit.arguments import FIT_ARGUMENTS, TRAIN_ONLY
-from nbhw.core.hardware.targets import VENDOR
-from nbhw.core.measured.arguments import PIN_ARGUMENTS
-from nbhw.core.memory.arguments import FREE_ARGUMENTS, HOLDERS_ARGUMENTS, MEMORY_ARGUMENTS
-from nbhw.core.plan.arguments import PLAN_ARGUMENTS
-from nbhw.core.train.arguments import TRAIN_ARGUMENTS
-from nbhw.core.train.tasks import TASK_ARGUMENTS
-from nbhw.core.train.tasks import TRAIN_ONLY as TASK_TRAIN_ONLY
 
 Surface = Literal["magic", "cli"]
 HELP_WIDTH = 100
 
 
+# A command's words in the table: an argument, or "module:NAME", a tuple of arguments declared in that module, read
+# when the command is parsed or its help is shown (%load_ext and the other commands import none of them).
+Words = Argument | str
+
+
+def _resolve(words: tuple[Words, ...]) -> tuple[Argument, ...]:
+    found: list[Argument] = []
+    for w in words:
+        if isinstance(w, str):
+            module, name = w.split(":")
+            found += getattr(importlib.import_module(module), name)
+        else:
+            found.append(w)
+    return tuple(found)
+
+
 @dataclass(frozen=True)
 class Command:
-    """One subcommand: its name (and older names), what it does, and its arguments in the order help lists them."""
+    """One subcommand: its name (and older names), what it does, and its words in the order help lists them."""
 
     name: str
     help: str
-    arguments: tuple[Argument, ...]
+    words: tuple[Words, ...]
     aliases: tuple[str, ...] = ()
     magic_only: tuple[str, ...] = ()  # arguments that mean nothing in a terminal process (e.g. memory --stop)
     # The command reads the objects of the running Python session (its tensors, Out, the last traceback): %hw and
     # the Python API run it; `python -m nbhw` is a new process holding none of them, so it says so and exits 2.
     session_only: bool = False
+
+    @cached_property
+    def arguments(self) -> tuple[Argument, ...]:
+        """The declared arguments, imported from their modules on first use."""
+        return _resolve(self.words)
 
     def takes(self, surface: Surface) -> tuple[Argument, ...]:
         """The arguments this command takes on one surface."""
@@ -56,46 +70,51 @@ class Command:
         return self.help
 
 
+TASKS, PLAN, FIT = "nbhw.core.train.tasks", "nbhw.core.plan.arguments", "nbhw.core.fit.arguments"
 COMMANDS = (
     Command("devices", "the backends, devices and who picks what here", (JSON,)),
     Command(
         "memory",
         "live memory graph with per-cell attribution (in a terminal: the figures now)",
-        MEMORY_ARGUMENTS,
+        ("nbhw.core.memory.arguments:MEMORY_ARGUMENTS",),
         magic_only=("stop",),
     ),
     Command(
         "attention",
         "attention, kernel and dtype options that will really work",
-        (MODEL, *ADVICE_ARGUMENTS, OFFLINE, JSON),
+        (MODEL, "nbhw.core.advice.arguments:ADVICE_ARGUMENTS", OFFLINE, JSON),
     ),
     Command(
         "load",
         "the from_pretrained cell for this hardware, its dry run, estimate and placement "
         "(%hw: the panel's Load tab, pre-filled; --emit: the cell below; --task train: the training plan)",
-        (MODEL, *TASK_ARGUMENTS, *PLAN_ARGUMENTS, *TASK_TRAIN_ONLY, OFFLINE, EMIT, JSON),
+        (MODEL, f"{TASKS}:TASK_ARGUMENTS", f"{PLAN}:PLAN_ARGUMENTS", f"{TASKS}:TRAIN_ONLY", OFFLINE, EMIT, JSON),
         aliases=("plan",),
     ),
     Command(
         "quantization",
         "every quantization method transformers knows: works or not here and on a target, why, the fix, "
         "the weight bytes and the quantization_config code",
-        (MODEL, *QUANTIZATION_ARGUMENTS, OFFLINE, JSON),
+        (MODEL, "nbhw.core.advice.arguments:QUANTIZATION_ARGUMENTS", OFFLINE, JSON),
     ),
-    Command("targets", "the accelerators nbhw can plan for without having them (--target NAME)", (VENDOR, JSON)),
+    Command(
+        "targets",
+        "the accelerators nbhw can plan for without having them (--target NAME)",
+        ("nbhw.core.hardware.targets:TARGETS_ARGUMENTS", JSON),
+    ),
     Command(
         "train",
         "can I fine-tune this model (full / LoRA / QLoRA) here or on N devices: per-device memory from one real "
         "training step on meta, the strategies compared, the training cell and the launch command "
         "(--emit: the cell below)",
-        (MODEL, *TRAIN_ARGUMENTS, OFFLINE, EMIT, JSON),
+        (MODEL, "nbhw.core.train.arguments:TRAIN_ARGUMENTS", OFFLINE, EMIT, JSON),
     ),
     Command(
         "fit",
         "make it fit: the best from_pretrained call for --context / --batch on this machine, --max-memory or "
         "--target (--task train: the best fine-tuning method, checkpointing, micro-batch and strategy), by nbhw's "
         "documented order, and why every option ahead of it lost (--emit: the cell below)",
-        (MODEL, *FIT_ARGUMENTS, *PLAN_ARGUMENTS, *TRAIN_ONLY, OFFLINE, EMIT, JSON),
+        (MODEL, f"{FIT}:FIT_ARGUMENTS", f"{PLAN}:PLAN_ARGUMENTS", f"{FIT}:TRAIN_ONLY", OFFLINE, EMIT, JSON),
     ),
     Command("report", "environment report for bug reports", (JSON,)),
     Command(
@@ -108,7 +127,7 @@ COMMANDS = (
         "pin",
         "write what ran with a loaded model to a small JSON (versions, arguments, attention, kernels, device map, "
         "bytes, peaks); %hw load --pinned PATH checks a later run against it",
-        PIN_ARGUMENTS,
+        ("nbhw.core.measured.arguments:PIN_ARGUMENTS",),
     ),
     Command(
         "doctor",
@@ -120,14 +139,14 @@ COMMANDS = (
         "holders",
         "what keeps tensors alive, per device, largest first: variables, Out and _, the last traceback, "
         "autograd graphs, the allocator's cache",
-        (*HOLDERS_ARGUMENTS, JSON),
+        ("nbhw.core.memory.arguments:HOLDERS_ARGUMENTS", JSON),
         session_only=True,
     ),
     Command(
         "free",
         "do only what is chosen (delete variables, clear the output history, the last traceback, the cache), "
         "then the bytes that came back per device, measured",
-        (*FREE_ARGUMENTS, JSON),
+        ("nbhw.core.memory.arguments:FREE_ARGUMENTS", JSON),
         session_only=True,
     ),
 )
@@ -160,6 +179,23 @@ class Parser(argparse.ArgumentParser):
         if message:
             raise UserError(message)
         raise HelpShown()
+
+
+class CommandParser(Parser):
+    """One subcommand's parser: its arguments are added when it is first used (:func:`subparser`), so a line
+    imports the words of its own command only."""
+
+    def __init__(self, *args: Any, command: Command, surface: Surface, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.command, self.surface, self.complete = command, surface, False
+
+    def with_arguments(self) -> CommandParser:
+        """This parser with every argument of its command added (once)."""
+        if not self.complete:
+            self.complete = True
+            for a in self.command.takes(self.surface):
+                _add(self, a)
+        return self
 
 
 def _help(text: str) -> str:
@@ -198,15 +234,13 @@ def parser(surface: Surface) -> Parser:
         formatter_class=_formatter,
     )
     names = "{" + ",".join(c.name for c in COMMANDS) + "}"
-    sub = top.add_subparsers(dest="command", metavar=names, parser_class=Parser)
+    sub = top.add_subparsers(dest="command", metavar=names, parser_class=CommandParser)
     for command in COMMANDS:
-        p = sub.add_parser(
+        sub.add_parser(
             command.name, aliases=list(command.aliases), help=_help(command.help_on(surface)),
             description=command.help_on(surface),  # not %-formatted by argparse, unlike help
-            add_help=not magic, formatter_class=_formatter,
+            add_help=not magic, formatter_class=_formatter, command=command, surface=surface,
         )  # fmt: skip
-        for a in command.takes(surface):
-            _add(p, a)
     return top
 
 
@@ -228,13 +262,13 @@ def split(line: str) -> list[str]:
         raise UserError(f"%hw: cannot split {line!r}: {exc}") from None
 
 
-def subparser(top: Parser, command: str) -> argparse.ArgumentParser | None:
-    """The parser of one subcommand (or of an alias)."""
+def subparser(top: Parser, command: str) -> CommandParser | None:
+    """The parser of one subcommand (or of an alias), with its arguments."""
     for action in top._subparsers._group_actions if top._subparsers else []:
         choices: Any = getattr(action, "choices", None) or {}
         if command in choices:
-            found: argparse.ArgumentParser = choices[command]
-            return found
+            found: CommandParser = choices[command]
+            return found.with_arguments()
     return None
 
 
@@ -245,6 +279,9 @@ def options(p: argparse.ArgumentParser) -> list[str]:
 
 def parse(top: Parser, argv: Sequence[str]) -> argparse.Namespace:
     """Parse, turning every mistake into one UserError line that names the valid words."""
+    named = next((word for word in argv if not word.startswith("-")), None)
+    if named in BY_NAME:
+        subparser(top, named)  # the words of the command the line names, and no other's
     args, extra = top.parse_known_args(list(argv))
     if extra:
         command = getattr(args, "command", None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython import get_ipython
 from IPython.core.error import UsageError
@@ -13,15 +13,11 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.display import display
 from traitlets import Float
 
-from nbhw import commands
-from nbhw.core.advice.arguments import ADVICE_ARGUMENTS, QUANTIZATION_ARGUMENTS
-from nbhw.core.argument import given
 from nbhw.core.errors import UserError
-from nbhw.core.measured.arguments import PIN_ARGUMENTS
-from nbhw.core.memory.arguments import FREE_ARGUMENTS, HOLDERS_ARGUMENTS, MEMORY_ARGUMENTS
 from nbhw.core.memory.out_of_memory import is_out_of_memory
-from nbhw.core.plan.arguments import PLAN_ARGUMENTS
-from nbhw.core.train.arguments import TRAIN_ARGUMENTS
+
+if TYPE_CHECKING:
+    from nbhw.core.argument import Argument
 
 
 def in_kernel(shell: Any) -> bool:
@@ -36,8 +32,15 @@ class HwMagics(Magics):
     interval = Float(0.5, help="Seconds between memory samples for %hw memory.").tag(config=True)
     window = Float(600.0, help="Seconds of memory history the graph keeps.").tag(config=True)
 
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.magics["line"]["hw"] = HwLine(self)  # %hw? reads the help from the command table when asked
+
     @line_magic
     def hw(self, line: str = "") -> None:
+        # The command table and every command's words load at the first %hw, not at %load_ext (benchmarks/bench.py).
+        from nbhw import commands
+
         try:
             args = commands.parse(commands.magic_parser(), commands.split(line))
             getattr(self, f"_run_{args.command or 'panel'}")(args)
@@ -45,8 +48,6 @@ class HwMagics(Magics):
             raise UsageError(str(exc)) from None
         except commands.HelpShown:
             print(commands.magic_help())
-
-    hw.__doc__ = commands.magic_help()
 
     def _show(self, result: Any, args: argparse.Namespace) -> None:
         if getattr(args, "json", False):
@@ -86,6 +87,8 @@ class HwMagics(Magics):
         self._show(doctor(), args)
 
     def _run_memory(self, args: argparse.Namespace) -> None:
+        from nbhw import commands
+        from nbhw.core.memory.arguments import MEMORY_ARGUMENTS
         from nbhw.ui import memory  # plotly: only when a graph is asked for
 
         asked = commands.values(args, MEMORY_ARGUMENTS)
@@ -101,12 +104,16 @@ class HwMagics(Magics):
             print(monitor.text())
 
     def _run_attention(self, args: argparse.Namespace) -> None:
+        from nbhw.core.advice.arguments import ADVICE_ARGUMENTS
         from nbhw.core.advice.attention import advise  # lazy: see above
+        from nbhw.core.argument import given
 
         self._show(advise(args.model, offline=args.offline, **given(args, ADVICE_ARGUMENTS)), args)
 
     def _run_quantization(self, args: argparse.Namespace) -> None:
         from nbhw.core.advice import quantization  # lazy: see above
+        from nbhw.core.advice.arguments import QUANTIZATION_ARGUMENTS
+        from nbhw.core.argument import given
 
         found = quantization.advise(args.model, offline=args.offline, **given(args, QUANTIZATION_ARGUMENTS))
         self._show(found, args)
@@ -142,7 +149,9 @@ class HwMagics(Magics):
         display(result)
 
     def _run_load(self, args: argparse.Namespace) -> None:
-        from nbhw.core.train.tasks import from_words  # lazy: see above
+        from nbhw.core.argument import given
+        from nbhw.core.plan.arguments import PLAN_ARGUMENTS
+        from nbhw.core.plan.task import from_words  # lazy: see above
 
         plan: Any = from_words(args)  # a mistake in the words is a UsageError here, not a message in a panel
         if args.task == "train":
@@ -162,6 +171,9 @@ class HwMagics(Magics):
 
     def _load_train(self, plan: Any, args: argparse.Namespace) -> None:
         """%hw load --task train: the Load tab in its Train mode (--emit, --json, a terminal: the training plan)."""
+        from nbhw.core.argument import given
+        from nbhw.core.train.arguments import TRAIN_ARGUMENTS
+
         names = [name for name, value in given(args, TRAIN_ARGUMENTS).items() if value is not False]
         if args.emit or args.json or not self._has_controls(TRAIN_ARGUMENTS, names):
             self._show_train(plan, args)
@@ -169,7 +181,7 @@ class HwMagics(Magics):
         # On the plan's model (None: nbhw's tiny one), with the words as the training plan read them ("4k": 4096).
         self._open_load_tab(plan.model, args, task="train", **{name: getattr(plan.asked, name) for name in names})
 
-    def _has_controls(self, declared: Any, names: Any) -> bool:
+    def _has_controls(self, declared: tuple[Argument, ...], names: Any) -> bool:
         """In a kernel, whether the Load tab has a control for every argument the line gave (--reserve, --pinned:
         the report instead)."""
         return in_kernel(self.shell) and all(a.control for a in declared if a.name in set(names))
@@ -180,12 +192,14 @@ class HwMagics(Magics):
         display(panel(model, offline=args.offline, tab="Load", interval=self.interval, window=self.window, **words))
 
     def _run_holders(self, args: argparse.Namespace) -> None:
-        from nbhw import session  # lazy: see above
+        from nbhw import commands, session  # lazy: see above
+        from nbhw.core.memory.arguments import HOLDERS_ARGUMENTS
 
         self._show(session.shell_holders(self.shell, **commands.values(args, HOLDERS_ARGUMENTS)), args)
 
     def _run_free(self, args: argparse.Namespace) -> None:
-        from nbhw import session  # lazy: see above
+        from nbhw import commands, session  # lazy: see above
+        from nbhw.core.memory.arguments import FREE_ARGUMENTS
 
         self._show(session.shell_free(self.shell, **commands.values(args, FREE_ARGUMENTS)), args)
 
@@ -195,11 +209,29 @@ class HwMagics(Magics):
         self._show(session.loaded(), args)
 
     def _run_pin(self, args: argparse.Namespace) -> None:
-        from nbhw import session  # lazy: see above
+        from nbhw import commands, session  # lazy: see above
+        from nbhw.core.measured.arguments import PIN_ARGUMENTS
 
         asked = commands.values(args, PIN_ARGUMENTS)
         pinned = session.pin(asked.get("model"), asked.get("path"))
         print(f"nbhw: pinned {pinned.data['model_class']} ({pinned.model}) to {pinned.path}")
+
+
+class HwLine:
+    """What IPython calls for ``%hw``: the magic's method, with ``%hw?`` reading the command table's help only when
+    asked (building it imports every command's words, which %load_ext must not)."""
+
+    def __init__(self, magics: HwMagics) -> None:
+        self.magics = magics
+
+    def __call__(self, line: str = "") -> None:
+        self.magics.hw(line)
+
+    @property
+    def __doc__(self) -> str:  # type: ignore[override]
+        from nbhw import commands
+
+        return commands.magic_help()
 
 
 def _memory() -> Any:

@@ -17,24 +17,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LINT = Path(sys.executable).with_name("lint-imports")
 # Function-level imports of nbhw's own modules that are there on purpose, each with a comment in the code.
+# The command surfaces (%hw and python -m nbhw) import in each command's runner what it runs, and nothing at load:
+# any function-level import of nbhw there is deliberate (what they load is checked by the two tests at the end).
+SURFACES = {"nbhw/magics.py", "nbhw/__main__.py"}
 LAZY = {
     ("nbhw/__init__.py", "from nbhw import magics"),  # `import nbhw` stays free of IPython
     ("nbhw/__init__.py", "from nbhw.server import NbhwApp"),  # and of jupyter_server and tornado
-    ("nbhw/magics.py", "from nbhw.ui.panel import panel"),  # %load_ext stays free of ipywidgets and plotly
-    ("nbhw/magics.py", "from nbhw.ui import memory"),
-    # %load_ext stays within 30 ms (benchmarks/bench.py): each command imports what it runs when it runs
-    ("nbhw/magics.py", "from nbhw.core.hardware.detect import detect"),
-    ("nbhw/magics.py", "from nbhw.core.hardware.report import report"),
-    ("nbhw/magics.py", "from nbhw.core.advice.attention import advise"),
-    ("nbhw/magics.py", "from nbhw.core.train.tasks import from_words"),
-    ("nbhw/magics.py", "from nbhw.core.hardware.doctor import doctor"),
-    ("nbhw/magics.py", "from nbhw.core.advice import quantization"),
-    ("nbhw/magics.py", "from nbhw.core.hardware.targets import targets"),
-    ("nbhw/magics.py", "from nbhw.core.fit.solver import from_words as fit_from_words"),
-    ("nbhw/magics.py", "from nbhw import session"),  # %hw holders / free, and a cell that ran out of memory
-    ("nbhw/__main__.py", "from nbhw.core import memory"),  # numpy only for `python -m nbhw memory`
-    ("nbhw/magics.py", "from nbhw.core.train.train_plan import from_words"),  # torch and peft only for %hw train
-    ("nbhw/__main__.py", "from nbhw.core.train.train_plan import from_words"),
     # the Load tab's first code: the holders view (and nbhw.session) only when the Memory tab opens
     ("nbhw/ui/panel.py", "from nbhw.ui.holders import HoldersView"),
 }
@@ -147,4 +135,32 @@ def test_function_level_imports_of_nbhw_are_only_the_deliberate_ones() -> None:
             nested = isinstance(node, ast.Import | ast.ImportFrom) and id(node) not in top
             if nested and imported(node, module_name(path)):
                 found.add((str(path.relative_to(ROOT)), ast.unparse(node)))
-    assert found <= LAZY, sorted(found - LAZY)
+    assert {f for f in found if f[0] not in SURFACES} <= LAZY, sorted(found - LAZY)
+    assert {f[0] for f in found} >= SURFACES  # each surface imports its commands' modules when they run
+
+
+PLANNER = ("nbhw.core.plan", "nbhw.core.train", "nbhw.core.fit", "nbhw.core.advice", "nbhw.ui")
+LOADED = """
+import sys
+from IPython.testing.globalipapp import start_ipython
+ip = start_ipython()
+ip.run_line_magic("load_ext", "nbhw")
+print(" ".join(m for m in sys.modules if m.startswith("nbhw")))
+ip.run_line_magic("hw", sys.argv[1])
+print(" ".join(m for m in sys.modules if m.startswith("nbhw")))
+"""
+
+
+def nbhw_modules(code: str, *argv: str) -> list[set[str]]:
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120, check=True)
+    return [set(line.split()) for line in done.stdout.splitlines() if line.startswith("nbhw")]
+
+
+def test_load_ext_and_a_first_command_import_none_of_the_planner() -> None:
+    loaded, devices = nbhw_modules(LOADED, "devices --json")
+    assert loaded == {"nbhw", "nbhw._version", "nbhw.magics", "nbhw.core", "nbhw.core.errors", "nbhw.core.memory",
+                      "nbhw.core.memory.out_of_memory"}  # fmt: skip
+    assert "nbhw.commands" in devices and not [m for m in devices if m.startswith(PLANNER)]
+    targets = nbhw_modules(LOADED, "targets --json")[-1]  # a command's words, and only its own
+    assert "nbhw.core.hardware.targets" in targets
+    assert not [m for m in targets if m.startswith(("nbhw.core.plan", "nbhw.core.train", "nbhw.core.fit"))]

@@ -539,6 +539,7 @@ USABLE_NOTE = (
 )
 
 VENDOR = Argument("vendor", "only this vendor's accelerators (NVIDIA, AMD, Intel, Apple, Google, AWS, Huawei)")
+TARGETS_ARGUMENTS = (VENDOR,)  # the words of %hw targets
 
 
 def targets(vendor: str | None = None) -> Targets:

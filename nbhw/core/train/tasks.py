@@ -1,7 +1,7 @@
-"""``nbhw.plan(task=...)``: one call and one set of words for both plans, loading and generating (``task="infer"``,
-a :class:`~nbhw.core.plan.load_plan.LoadPlan`) or fine-tuning (``task="train"``, a
-:class:`~nbhw.core.train.train_plan.TrainPlan`). ``%hw load --task train`` and ``python -m nbhw load --task train``
-take the same words; ``%hw train`` stays the training plan's own command.
+"""The words of ``nbhw.plan(task=...)`` (:mod:`nbhw.core.plan.task`): one set for both plans, loading and generating
+(``task="infer"``) or fine-tuning (``task="train"``). ``%hw load --task train`` and ``python -m nbhw load --task
+train`` take the same words; ``%hw train`` stays the training plan's own command. Declarations only: the command
+table imports them, and no planner.
 
 The arguments are the two plans' own declarations: the load plan's, and the training plan's that the load plan
 does not declare (:data:`TRAIN_ONLY`). Shared words (``context``, ``batch``, ``dtype``, ``target``) mean the same in
@@ -11,14 +11,11 @@ both; one that only the other task takes is a one-line mistake naming the task i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from nbhw.core.argument import argument, arguments, checked, given, signature
+from nbhw.core.argument import argument, arguments
 from nbhw.core.errors import UserError, one_of
-from nbhw.core.plan import load_plan
 from nbhw.core.plan.arguments import PLAN_ARGUMENTS
-from nbhw.core.train import train_plan
 from nbhw.core.train.arguments import TRAIN_ARGUMENTS
 
 TASKS = ("infer", "train")
@@ -55,31 +52,3 @@ def check_names(task: str, names: Any) -> None:
             raise UserError(f"{name} is for task='infer'; task='train' takes: {', '.join(sorted(TRAIN_NAMES))}")
         if task != "train" and name in TRAIN_NAMES and name not in PLAN_NAMES:
             raise UserError(f"{name} is for task='train'; task={task!r} takes: {', '.join(sorted(PLAN_NAMES))}")
-
-
-def plan(
-    model: str | Path | None = None, *, task: str = "infer", offline: bool = False, **values: Any
-) -> load_plan.LoadPlan | train_plan.TrainPlan:
-    """Plan ``from_pretrained`` and ``generate`` (``task="infer"``: :func:`nbhw.core.plan.load_plan.plan`), or a
-    fine-tuning step (``task="train"``: :func:`nbhw.core.train.train_plan.train_plan`), with the same words.
-
-    >>> nbhw.plan("Qwen/Qwen3-0.6B", dtype="bfloat16", context="8k")                      # doctest: +SKIP
-    >>> nbhw.plan("Qwen/Qwen3-8B", task="train", method="qlora", target="T4", batch=4)   # doctest: +SKIP
-    """
-    found: TaskArgs = checked(TaskArgs, {"task": task})
-    check_names(found.task, values)
-    if found.task == "train":
-        return train_plan.train_plan(model, offline=offline, **values)
-    return load_plan.plan(model, offline=offline, **values)
-
-
-plan.__signature__ = signature(  # type: ignore[attr-defined]
-    plan, TASK_ARGUMENTS, PLAN_ARGUMENTS, TRAIN_ONLY, keep=("model", "offline")
-)
-
-
-def from_words(args: Any) -> load_plan.LoadPlan | train_plan.TrainPlan:
-    """A plan from the parsed words of ``%hw load`` / ``python -m nbhw load`` (a switch left off is not given)."""
-    values = {name: value for group in (PLAN_ARGUMENTS, TRAIN_ONLY)
-              for name, value in given(args, group).items() if value is not False}  # fmt: skip
-    return plan(args.model, task=getattr(args, "task", None) or "infer", offline=args.offline, **values)
