@@ -20,7 +20,7 @@ _LAZY = {
     "doctor": "nbhw.core.hardware.doctor:doctor",
     "Preflight": "nbhw.core.hardware.findings:Preflight",
     "UserError": "nbhw.core.errors:UserError",
-    "plan": "nbhw.core.plan.task:plan",
+    "plan": "nbhw.core.train.task_plan:plan",
     "quantization": "nbhw.core.advice.quantization:advise",
     "QuantizationAdvice": "nbhw.core.advice.quantization:QuantizationAdvice",
     "targets": "nbhw.core.hardware.targets:targets",

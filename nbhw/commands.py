@@ -326,3 +326,98 @@ def magic_help() -> str:
         parts += ["", f"%hw {command.name} {usage}".rstrip() + also, f"    {command.help}"]
         parts += [f"    {_words(a):<34} {a.help}" for a in command.takes("magic")]
     return "\n".join(parts)
+
+
+# ---------------------------------------------------------------- one runner per command, for every surface
+# Each runner imports the core module it runs when it runs (a command pays for its own imports only) and returns the
+# answer: %hw displays it (or its JSON, or writes its cell below), python -m nbhw prints it and exits by it. Commands
+# that read the running session (memory's graph, holders, free, loaded, pin) and the panel are the magic's own.
+
+
+def _devices(args: argparse.Namespace) -> Any:
+    from nbhw.core.hardware.detect import detect
+
+    return detect()
+
+
+def _report(args: argparse.Namespace) -> Any:
+    from nbhw.core.hardware.report import report
+
+    return report()
+
+
+def _doctor(args: argparse.Namespace) -> Any:
+    from nbhw.core.hardware.doctor import doctor
+
+    return doctor()
+
+
+def _attention(args: argparse.Namespace) -> Any:
+    from nbhw.core.advice.arguments import ADVICE_ARGUMENTS
+    from nbhw.core.advice.attention import advise
+    from nbhw.core.argument import given
+
+    return advise(args.model, offline=args.offline, **given(args, ADVICE_ARGUMENTS))
+
+
+def _quantization(args: argparse.Namespace) -> Any:
+    from nbhw.core.advice import quantization
+    from nbhw.core.advice.arguments import QUANTIZATION_ARGUMENTS
+    from nbhw.core.argument import given
+
+    return quantization.advise(args.model, offline=args.offline, **given(args, QUANTIZATION_ARGUMENTS))
+
+
+def _targets(args: argparse.Namespace) -> Any:
+    from nbhw.core.hardware.targets import targets
+
+    return targets(args.vendor)
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from nbhw.core.train.task_plan import from_words
+
+    return from_words(args)  # a word the other task takes is a mistake here
+
+
+def _train(args: argparse.Namespace) -> Any:
+    from nbhw.core.train.train_plan import from_words
+
+    return from_words(args)
+
+
+def _fit(args: argparse.Namespace) -> Any:
+    from nbhw.core.fit.solver import from_words
+
+    return from_words(args)
+
+
+def _training_fails(result: Any) -> bool:
+    return bool(result.fits is False or not result.recommended.ok)
+
+
+def _fails(command: str, args: argparse.Namespace, result: Any) -> bool:
+    if command == "doctor":
+        return bool(result.errors)
+    if command == "train" or (command == "load" and getattr(args, "task", None) == "train"):
+        return _training_fails(result)
+    if command == "load":
+        return bool(result.check())
+    if command == "fit":
+        return result.plan is None
+    return False
+
+
+ANSWERS = {"devices": _devices, "report": _report, "doctor": _doctor, "attention": _attention,
+           "quantization": _quantization, "targets": _targets, "load": _load, "train": _train, "fit": _fit}  # fmt: skip
+
+
+def answer(args: argparse.Namespace) -> Any:
+    """The answer of the command the parsed words name (a mistake in them is a UserError)."""
+    return ANSWERS[args.command](args)
+
+
+def failed(args: argparse.Namespace, result: Any) -> bool:
+    """Whether an answer says something will fail (python -m nbhw exits 1, so a script can stop before loading):
+    the doctor's errors, a load plan's problems, a training plan that doesn't fit or doesn't run, nothing that fits."""
+    return _fails(args.command, args, result)

@@ -43,11 +43,24 @@ class HwMagics(Magics):
 
         try:
             args = commands.parse(commands.magic_parser(), commands.split(line))
-            getattr(self, f"_run_{args.command or 'panel'}")(args)
+            own = getattr(self, f"_run_{args.command or 'panel'}", None)  # the panel and the session's commands
+            if own is not None:
+                own(args)
+            else:
+                self._show_answer(commands.answer(args), args)
         except UserError as exc:
             raise UsageError(str(exc)) from None
         except commands.HelpShown:
             print(commands.magic_help())
+
+    def _show_answer(self, result: Any, args: argparse.Namespace) -> None:
+        """A command of the shared table (nbhw.commands.ANSWERS): its answer displayed, its JSON printed, or (--emit)
+        its cell written below and the answer displayed."""
+        if getattr(args, "emit", False) and getattr(result, "code", None) is not None:
+            self.shell.set_next_input(result.code, replace=False)
+            display(result)
+        else:
+            self._show(result, args)
 
     def _show(self, result: Any, args: argparse.Namespace) -> None:
         if getattr(args, "json", False):
@@ -63,28 +76,6 @@ class HwMagics(Magics):
             display(shown)
         else:
             print(shown.text())
-
-    # Each command imports the core module it runs when it runs: %load_ext nbhw stays within its 30 ms
-    # (benchmarks/bench.py).
-
-    def _run_devices(self, args: argparse.Namespace) -> None:
-        from nbhw.core.hardware.detect import detect  # lazy: see above
-
-        self._show(detect(), args)
-
-    def _run_report(self, args: argparse.Namespace) -> None:
-        from nbhw.core.hardware.report import report  # lazy: see above
-
-        result = report()
-        if args.json:
-            print(result.json())
-        else:
-            display(result)
-
-    def _run_doctor(self, args: argparse.Namespace) -> None:
-        from nbhw.core.hardware.doctor import doctor  # lazy: see above
-
-        self._show(doctor(), args)
 
     def _run_memory(self, args: argparse.Namespace) -> None:
         from nbhw import commands
@@ -103,57 +94,12 @@ class HwMagics(Magics):
         else:
             print(monitor.text())
 
-    def _run_attention(self, args: argparse.Namespace) -> None:
-        from nbhw.core.advice.arguments import ADVICE_ARGUMENTS
-        from nbhw.core.advice.attention import advise  # lazy: see above
-        from nbhw.core.argument import given
-
-        self._show(advise(args.model, offline=args.offline, **given(args, ADVICE_ARGUMENTS)), args)
-
-    def _run_quantization(self, args: argparse.Namespace) -> None:
-        from nbhw.core.advice import quantization  # lazy: see above
-        from nbhw.core.advice.arguments import QUANTIZATION_ARGUMENTS
-        from nbhw.core.argument import given
-
-        found = quantization.advise(args.model, offline=args.offline, **given(args, QUANTIZATION_ARGUMENTS))
-        self._show(found, args)
-
-    def _run_targets(self, args: argparse.Namespace) -> None:
-        from nbhw.core.hardware.targets import targets  # lazy: see above
-
-        self._show(targets(args.vendor), args)
-
-    def _run_train(self, args: argparse.Namespace) -> None:
-        from nbhw.core.train.train_plan import from_words  # lazy: see above
-
-        self._show_train(from_words(args), args)  # a mistake in the words is a UsageError here
-
-    def _show_train(self, plan: Any, args: argparse.Namespace) -> None:
-        if args.emit:
-            self.shell.set_next_input(plan.code, replace=False)
-            display(plan)
-        elif args.json:
-            print(json.dumps(plan.to_dict(), indent=2))
-        else:
-            display(plan)
-
-    def _run_fit(self, args: argparse.Namespace) -> None:
-        from nbhw.core.fit.solver import from_words as fit_from_words  # lazy: see above
-
-        result = fit_from_words(args)
-        if args.json:
-            print(json.dumps(result.to_dict(), indent=2))
-            return
-        if args.emit and result.code is not None:
-            self.shell.set_next_input(result.code, replace=False)
-        display(result)
-
     def _run_load(self, args: argparse.Namespace) -> None:
+        from nbhw import commands
         from nbhw.core.argument import given
         from nbhw.core.plan.arguments import PLAN_ARGUMENTS
-        from nbhw.core.plan.task import from_words  # lazy: see above
 
-        plan: Any = from_words(args)  # a mistake in the words is a UsageError here, not a message in a panel
+        plan: Any = commands.answer(args)  # a mistake in the words is a UsageError here, not a message in a panel
         if args.task == "train":
             self._load_train(plan, args)
         elif args.emit:
@@ -176,7 +122,7 @@ class HwMagics(Magics):
 
         names = [name for name, value in given(args, TRAIN_ARGUMENTS).items() if value is not False]
         if args.emit or args.json or not self._has_controls(TRAIN_ARGUMENTS, names):
-            self._show_train(plan, args)
+            self._show_answer(plan, args)
             return
         # On the plan's model (None: nbhw's tiny one), with the words as the training plan read them ("4k": 4096).
         self._open_load_tab(plan.model, args, task="train", **{name: getattr(plan.asked, name) for name in names})

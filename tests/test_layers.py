@@ -17,9 +17,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LINT = Path(sys.executable).with_name("lint-imports")
 # Function-level imports of nbhw's own modules that are there on purpose, each with a comment in the code.
-# The command surfaces (%hw and python -m nbhw) import in each command's runner what it runs, and nothing at load:
-# any function-level import of nbhw there is deliberate (what they load is checked by the two tests at the end).
-SURFACES = {"nbhw/magics.py", "nbhw/__main__.py"}
+# The command surfaces (%hw, python -m nbhw and the runners they share) import in each command's runner what it
+# runs, and nothing at load: any function-level import of nbhw there is deliberate (what they load is checked by the
+# last test of this file).
+SURFACES = {"nbhw/magics.py", "nbhw/__main__.py", "nbhw/commands.py"}
 LAZY = {
     ("nbhw/__init__.py", "from nbhw import magics"),  # `import nbhw` stays free of IPython
     ("nbhw/__init__.py", "from nbhw.server import NbhwApp"),  # and of jupyter_server and tornado

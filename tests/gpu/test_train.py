@@ -28,20 +28,21 @@ def test_a_training_step_on_cuda0_peaks_as_planned(billion_model: Path, method: 
     from transformers import AutoConfig
 
     from nbhw.core.train import step as S
+    from nbhw.core.train import training_build
     from nbhw.core.train.arguments import train_args
 
     args = train_args(method=method, batch=1, context=512, gradient_checkpointing=True, dtype="bfloat16",
                       device_type="cuda")  # fmt: skip
     config = AutoConfig.from_pretrained(billion_model)
     estimate = S.dry_run(config, args)
-    model = S.load_for_training(str(billion_model), args, device="cuda:0")
-    optimizer = S.create_optimizer(model, args)
-    batch = S.training_batch(args, config.vocab_size, device="cuda:0")
-    max_norm = S.training_defaults().max_grad_norm
-    S.train_step(model, optimizer, batch, max_grad_norm=max_norm)  # step 1 makes the optimizer state
+    model = training_build.load_for_training(str(billion_model), args, device="cuda:0")
+    optimizer = training_build.create_optimizer(model, args)
+    batch = training_build.training_batch(args, config.vocab_size, device="cuda:0")
+    max_norm = training_build.training_defaults().max_grad_norm
+    training_build.train_step(model, optimizer, batch, max_grad_norm=max_norm)  # step 1 makes the optimizer state
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    S.train_step(model, optimizer, batch, max_grad_norm=max_norm)
+    training_build.train_step(model, optimizer, batch, max_grad_norm=max_norm)
     torch.cuda.synchronize()
     measured = torch.cuda.max_memory_allocated()
     ratio = measured / estimate.peak

@@ -18,7 +18,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from nbhw.core.hf.dryrun import storage_bytes, tracker
-from nbhw.core.plan.run import _encoder_inputs, cache_parts, default_encoder_tokens
+from nbhw.core.plan.run_parts import cache_parts, default_encoder_tokens, encoder_inputs
 
 
 @dataclass
@@ -53,7 +53,7 @@ def generate_inputs(model: Any, batch: int, prompt: int, encoder_tokens: int | N
     """What a user passes to generate(): token ids (decoder prompt for encoder-decoder models), encoder input."""
     if getattr(model.config, "is_encoder_decoder", False):
         enc_tokens = encoder_tokens or default_encoder_tokens(model, prompt + 1)
-        enc = _encoder_inputs(model, batch, enc_tokens, torch.device("cpu"))
+        enc = encoder_inputs(model, batch, enc_tokens, torch.device("cpu"))
         start = model.generation_config.decoder_start_token_id
         start = start if isinstance(start, int) else 0
         dec = torch.full((batch, prompt), 5, dtype=torch.long)

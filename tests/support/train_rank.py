@@ -19,11 +19,12 @@ def main() -> None:
     import torch
     from transformers import TrainerCallback
 
+    from nbhw.core.train import meta_patches
     from nbhw.core.train import step as T
 
     out, script = Path(sys.argv[1]), sys.argv[2]
     rank = int(os.environ.get("RANK", "0"))
-    tracker = T.tracker_class()()
+    tracker = meta_patches.tracker_class()()
     steps: dict[str, int] = {}  # the running peak of the whole run when each step ends
     step_peaks: dict[str, int] = {}  # each step's own peak (what it holds at its worst, from its start)
     running = [0]

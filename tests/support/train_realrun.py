@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from nbhw.core.train import step as S
+from nbhw.core.train import meta_patches, training_build
 from nbhw.core.train.arguments import TrainArgs
 
 
@@ -50,7 +50,7 @@ def profiler_peak(step: Any) -> int:
 
 
 def tracker_peak(step: Any, model: Any, optimizer: Any, extra: list[Any]) -> int:
-    tracker = S.tracker_class()()
+    tracker = meta_patches.tracker_class()()
     tracker.track_external(model, optimizer, *extra)
     with tracker:
         step()
@@ -60,15 +60,17 @@ def tracker_peak(step: Any, model: Any, optimizer: Any, extra: list[Any]) -> int
 def real_peak(path: str, args: TrainArgs, vocab_size: int, *, profiler: bool = True) -> RealPeak:
     """Load the checkpoint as the emitted cell does, take one step, then measure the second one."""
     torch.manual_seed(0)
-    model = S.load_for_training(path, args)
-    optimizer = S.create_optimizer(model, args)
-    batch = S.training_batch(args, vocab_size, device="cpu")
-    max_norm = S.training_defaults().max_grad_norm
+    model = training_build.load_for_training(path, args)
+    optimizer = training_build.create_optimizer(model, args)
+    batch = training_build.training_batch(args, vocab_size, device="cpu")
+    max_norm = training_build.training_defaults().max_grad_norm
 
     def step() -> None:
-        S.train_step(model, optimizer, batch, accumulation=args.gradient_accumulation_steps, max_grad_norm=max_norm)
+        training_build.train_step(
+            model, optimizer, batch, accumulation=args.gradient_accumulation_steps, max_grad_norm=max_norm
+        )
 
     step()  # step 1 creates the optimizer state
-    extra = [*S.quant_state_tensors(model), batch["input_ids"]]
+    extra = [*training_build.quant_state_tensors(model), batch["input_ids"]]
     tracked = tracker_peak(step, model, optimizer, extra)
     return RealPeak(tracked, profiler_peak(step) if profiler else 0)

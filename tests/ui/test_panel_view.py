@@ -26,7 +26,7 @@ from nbhw.core.hf import meta_build
 from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.core.plan import codegen, load_form
 from nbhw.core.plan.load_form import Form
-from nbhw.core.plan.run import framework_reserve
+from nbhw.core.plan.outside_tensors import framework_reserve
 from nbhw.core.render import size
 from nbhw.ui import load as load_ui
 from nbhw.ui import memory as memory_ui

@@ -23,7 +23,7 @@ from nbhw.core.hardware.targets import TARGET, check_target_args
 from nbhw.core.hf import library_source
 from nbhw.core.hf.meta_build import is_hub_kernel, quiet
 from nbhw.core.plan.pinned import check_pinned
-from nbhw.core.plan.run import PADDINGS
+from nbhw.core.plan.run_figures import PADDINGS
 from nbhw.core.render import py_literal
 
 # --quantize word -> the BitsAndBytesConfig flag it sets (the other words are transformers' method keys).

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from nbhw.core.plan.run import LoadPeak, RunEstimate
+from nbhw.core.plan.outside_tensors import LoadPeak
+from nbhw.core.plan.run_figures import RunEstimate
 
 
 @dataclass

@@ -35,7 +35,7 @@ from nbhw.core.hardware.targets import Target, catalog, target_of
 from nbhw.core.hardware.who_picks import from_pretrained_default
 from nbhw.core.hf import meta_build
 from nbhw.core.hf.tiny_model import tiny_model_path
-from nbhw.core.plan import run
+from nbhw.core.plan import run_parts, run_search
 from nbhw.core.plan.arguments import (
     NO_DEVICE_MAP,
     PADDING_WORDS,
@@ -528,7 +528,7 @@ def preview(form: Form) -> Preview:
 def size_notes(plan: LoadPlan) -> dict[str, str]:
     """The notes beside the run's size controls: what each means for this model, and its default."""
     limit = plan.context_limit
-    most = f"; this model takes at most {limit:,}" if limit and limit < run.NO_LIMIT else ""
+    most = f"; this model takes at most {limit:,}" if limit and limit < run_search.NO_LIMIT else ""
     default = f" (default {plan.context:,})" if plan.args.context is None else ""
     notes = {
         "context": f"tokens per sequence, prompt + generated: 4096, 32k, 128k{default}{most}",
@@ -537,8 +537,8 @@ def size_notes(plan: LoadPlan) -> dict[str, str]:
     model = plan.meta_model
     if not plan.config.available or not getattr(plan.config.config, "is_encoder_decoder", False):
         notes["encoder_length"] = "encoder-decoder models only (T5, Whisper): not used by this model"
-    elif model is not None and run.fixed_encoder_length(model) is not None:
-        notes["encoder_length"] = f"fixed for this encoder: {run.fixed_encoder_length(model):,} positions"
+    elif model is not None and run_parts.fixed_encoder_length(model) is not None:
+        notes["encoder_length"] = f"fixed for this encoder: {run_parts.fixed_encoder_length(model):,} positions"
     else:
         notes["encoder_length"] = "tokens the encoder reads (default: the context)"
     return notes

@@ -26,14 +26,15 @@ from nbhw.core.hardware.targets import Target, target_of
 from nbhw.core.hardware.who_picks import from_pretrained_default
 from nbhw.core.hf import kernel_tables, meta_build, model_config
 from nbhw.core.hf.tiny_model import tiny_model_path
-from nbhw.core.plan import codegen, estimate, for_target, run, run_plan, run_view
+from nbhw.core.plan import codegen, estimate, for_target, run, run_figures, run_parts, run_plan, run_search, run_view
 from nbhw.core.plan.arguments import DISK, NO_DEVICE_MAP, PLAN_ARGUMENTS, PlanArgs, plan_args, strategy_names
 from nbhw.core.plan.estimate import Estimate
+from nbhw.core.plan.outside_tensors import LoadPeak, Reserve
 from nbhw.core.plan.pinned import Pin, plan_beside_pin, read_pin
 from nbhw.core.plan.placement import LiveMemory, Placement, live_memory, place
 from nbhw.core.plan.preflight import warnings as preflight_warnings
 from nbhw.core.plan.quantized_sizes import PlanningQuantizer
-from nbhw.core.plan.run import Fit, LoadPeak, Reserve
+from nbhw.core.plan.run_search import Fit
 from nbhw.core.render import Shown
 
 BUILD_CACHE_SIZE = 32  # the solver plans every dtype x attention of a model
@@ -52,7 +53,7 @@ def cached_build(
     dtype and attention (the model is read-only; its dry runs are remembered with it)."""
     hf = config.config
     key = (config.key, auto_name, dtype, attn)
-    return _BUILDS.get(key, lambda: run.build(hf, dtype=dtype, auto_name=auto_name, attn_implementation=attn))
+    return _BUILDS.get(key, lambda: run_parts.build(hf, dtype=dtype, auto_name=auto_name, attn_implementation=attn))
 
 
 _PLACEMENTS: Recent[tuple[Placement, list[str]]] = Recent(256)
@@ -189,7 +190,7 @@ class LoadPlan(Shown):
     @cached_property
     def context_limit(self) -> int | None:
         """The most tokens per sequence the model's config allows (its maximum positions); None without a config."""
-        return run.context_limit(self.config.config) if self.config.available else None
+        return run_search.context_limit(self.config.config) if self.config.available else None
 
     @cached_property
     def context(self) -> int:
@@ -316,7 +317,7 @@ class LoadPlan(Shown):
             found = run.run_estimate(model, batch=1, context=max(tokens, 2), target=self.run_target,
                                      generation=run_plan.generation(self))  # fmt: skip
             return found.cache_decode_bytes
-        except run.DryRunError:
+        except run_figures.DryRunError:
             return None
 
     @cached_property
@@ -384,7 +385,7 @@ class LoadPlan(Shown):
             return run_plan.dry_run(self)
 
     @property
-    def run(self) -> run.RunEstimate | None:
+    def run(self) -> run_figures.RunEstimate | None:
         """The dry run's own figures (per device in ``.devices``); None when it could not answer."""
         return self.dry_run.run
 

@@ -20,10 +20,12 @@ from nbhw.core import render
 from nbhw.core.errors import UserError
 from nbhw.core.hardware.presence import device_type
 from nbhw.core.hf import dryrun, model_config
-from nbhw.core.plan import headroom, run
+from nbhw.core.plan import headroom, outside_tensors, run, run_figures, run_parts, run_search
 from nbhw.core.plan.arguments import DEFAULT_CONTEXT, DISK
+from nbhw.core.plan.outside_tensors import LoadPeak, Reserve
 from nbhw.core.plan.placement import DeviceShare, Placement, budget_key, device_name, is_accelerator
-from nbhw.core.plan.run import Fit, LoadPeak, Reserve, RunEstimate
+from nbhw.core.plan.run_figures import RunEstimate
+from nbhw.core.plan.run_search import Fit
 
 BATCH_LIMIT = 4096
 
@@ -39,9 +41,9 @@ def check_sizes(plan: Any) -> None:
         return
     config = plan.config.config
     context = plan.args.context
-    limit = run.context_limit(config)
+    limit = run_search.context_limit(config)
     if context is not None and context > limit:
-        field = run.context_limit_name(config) or "its config"
+        field = run_search.context_limit_name(config) or "its config"
         raise UserError(
             f"context {context:,} is more than {plan.model} takes: at most {limit:,} tokens ({field}); "
             f"valid: 2 to {limit:,}"
@@ -54,7 +56,7 @@ def check_sizes(plan: Any) -> None:
             f"encoder_length is for encoder-decoder models (T5, Whisper); {plan.model} is decoder-only: "
             "its context is --context"
         )
-    fixed = run.fixed_encoder_length(plan.meta_model) if plan.meta_model is not None else None
+    fixed = run_parts.fixed_encoder_length(plan.meta_model) if plan.meta_model is not None else None
     if fixed is not None and length != fixed:
         raise UserError(f"encoder_length {length:,}: this encoder takes exactly {fixed:,} positions; valid: {fixed:,}")
 
@@ -114,12 +116,14 @@ def reserve(label: Hashable, plan: Any) -> Reserve | None:
     if backend == "cpu":
         if live_budget:
             return Reserve("cpu", 0, "already in use: this process's imports count in the free memory read now", "")
-        return run.framework_reserve("cpu", override=override)
+        return outside_tensors.framework_reserve("cpu", override=override)
     if override is None and live_budget and backend in ("cuda", "rocm") and _cuda_context_exists():
         return Reserve(backend, 0, "this process's CUDA context exists: the free memory read now counts it", "")
     info = _device_info(label, plan)
     total = getattr(info, "total_memory", None)
-    return run.framework_reserve(backend, capability=_capability(info), total_memory=total, override=override)
+    return outside_tensors.framework_reserve(
+        backend, capability=_capability(info), total_memory=total, override=override
+    )
 
 
 def reserves(plan: Any, labels: list[Hashable]) -> dict[Hashable, Reserve]:
@@ -158,7 +162,7 @@ def dry_run(plan: Any) -> Outcome:
             target=plan.run_target, device_map=dict(placement.device_map), generation=generation(plan),
             padding=plan.args.padding,
         )  # fmt: skip
-    except run.DryRunError as exc:
+    except run_figures.DryRunError as exc:
         return Outcome(None, str(exc))
     return Outcome(found)
 
@@ -244,7 +248,7 @@ def margin(label: Hashable, plan: Any, largest_block: int) -> headroom.Margin | 
     return headroom.allocator_margin(backend, largest_block)
 
 
-def margins_of(plan: Any) -> run.Margins:
+def margins_of(plan: Any) -> run_search.Margins:
     """Per device of a run, the bytes its allocator needs left free (the searches keep them)."""
 
     def margins(estimate: RunEstimate) -> dict[Hashable, int]:
@@ -269,7 +273,7 @@ def margin_notes(plan: Any) -> list[str]:
     return out
 
 
-def _filled(share: DeviceShare, measured: run.DeviceRun, plan: Any) -> DeviceShare:
+def _filled(share: DeviceShare, measured: run_figures.DeviceRun, plan: Any) -> DeviceShare:
     held = plan.reserves.get(share.key)
     weights = share.bytes  # as placed: the quantizer's size where there is one
     room = margin(share.key, plan, measured.largest_block_bytes)
@@ -341,16 +345,16 @@ def context_fit(plan: Any) -> Fit | None:
     outcome = plan.dry_run.run
     if outcome is None or plan.weight_placement is None:
         return None
-    too_big = _weights_alone_too_big(plan, outcome, plan.context_limit or run.NO_LIMIT)
+    too_big = _weights_alone_too_big(plan, outcome, plan.context_limit or run_search.NO_LIMIT)
     if too_big is not None:
         return too_big
     try:
-        return run.max_context(
+        return run_search.max_context(
             plan.meta_model, limits(plan, outcome), batch=plan.batch, target=plan.run_target, start=plan.context,
             device_map=dict(plan.weight_placement.device_map), encoder_tokens=plan.args.encoder_length,
             generation=generation(plan), margins=margins_of(plan), padding=plan.args.padding,
         )  # fmt: skip
-    except run.DryRunError:
+    except run_figures.DryRunError:
         return None  # a loop over tokens at a longer context: the plan's own context is what is covered
 
 
@@ -363,12 +367,12 @@ def batch_fit(plan: Any) -> Fit | None:
     if too_big is not None:
         return too_big
     try:
-        return run.max_batch(
+        return run_search.max_batch(
             plan.meta_model, limits(plan, outcome), context=plan.context, target=plan.run_target,
             device_map=dict(plan.weight_placement.device_map), encoder_tokens=plan.args.encoder_length,
             limit=BATCH_LIMIT, generation=generation(plan), margins=margins_of(plan), padding=plan.args.padding,
         )  # fmt: skip
-    except run.DryRunError:
+    except run_figures.DryRunError:
         return None
 
 
@@ -399,7 +403,7 @@ def load_peak(plan: Any) -> LoadPeak | None:
         return None
     on_cpu = sum(s.bytes for s in placement.devices if s.key == "cpu")
     stored, _ = checkpoint_bytes(plan)
-    return run.host_load_peak(on_cpu, stored, cast=plan.dtype != plan.checkpoint_dtype)
+    return outside_tensors.host_load_peak(on_cpu, stored, cast=plan.dtype != plan.checkpoint_dtype)
 
 
 def accelerators(placement: Placement) -> list[DeviceShare]:

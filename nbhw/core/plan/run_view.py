@@ -13,7 +13,7 @@ from nbhw.core.plan import headroom, run_plan
 from nbhw.core.plan.arguments import DEFAULT_PADDING
 from nbhw.core.plan.estimate import Estimate
 from nbhw.core.plan.placement import DeviceShare, Placement
-from nbhw.core.plan.run import PADDINGS
+from nbhw.core.plan.run_figures import PADDINGS
 from nbhw.core.plan.run_plan import BATCH_LIMIT
 
 size = render.size

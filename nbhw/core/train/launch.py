@@ -19,7 +19,7 @@ from typing import Any
 from nbhw.core.hf.library_source import function_source, library_file
 from nbhw.core.render import py_str
 from nbhw.core.train.arguments import TrainArgs
-from nbhw.core.train.step import DOUBLE_QUANT, QUANT_TYPE
+from nbhw.core.train.training_build import DOUBLE_QUANT, QUANT_TYPE
 
 SCRIPT_NAME = "train_nbhw.py"
 ACCELERATE_CONFIG_NAME = "accelerate_config.yaml"

@@ -18,7 +18,9 @@ from typing import Any
 from nbhw.core.errors import UserError
 from nbhw.core.train import launch
 from nbhw.core.train.arguments import TrainArgs
-from nbhw.core.train.step import _PATCH_LOCK, Setup, StepMemory, StepRefused, dry_run, tp_problems
+from nbhw.core.train.meta_patches import PATCH_LOCK
+from nbhw.core.train.sharded import StepRefused, tp_problems
+from nbhw.core.train.step import Setup, StepMemory, dry_run
 
 # Every strategy with its offload choices, in the order the comparison lists them.
 CHOICES: tuple[tuple[str, bool], ...] = (
@@ -244,13 +246,13 @@ def cached_dry_run(config: Any, args: TrainArgs, strategy: str = "single", world
     """The dry run of one rank's step, once per (config, arguments, sharding) in this process (the last few kept):
     DDP and ZeRO share the single-device step, FSDP2 with and without offload share one sharded run."""
     key = (config.to_json_string(use_diff=False), _step_key(args), strategy, world_size)
-    with _PATCH_LOCK:
+    with PATCH_LOCK:
         if key in _STEPS:
             _STEPS.move_to_end(key)
             return _STEPS[key]
     setup = Setup(strategy, world_size) if strategy in ("tp", "fsdp2") else None
     found = dry_run(config, args, setup=setup)
-    with _PATCH_LOCK:
+    with PATCH_LOCK:
         _STEPS[key] = found
         while len(_STEPS) > CACHED_STEPS:
             _STEPS.popitem(last=False)
@@ -259,7 +261,7 @@ def cached_dry_run(config: Any, args: TrainArgs, strategy: str = "single", world
 
 def clear_cache() -> None:
     """Forget every dry run (tests; a transformers upgrade in a running kernel)."""
-    with _PATCH_LOCK:
+    with PATCH_LOCK:
         _STEPS.clear()
 
 

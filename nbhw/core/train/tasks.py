@@ -1,7 +1,7 @@
-"""The words of ``nbhw.plan(task=...)`` (:mod:`nbhw.core.plan.task`): one set for both plans, loading and generating
-(``task="infer"``) or fine-tuning (``task="train"``). ``%hw load --task train`` and ``python -m nbhw load --task
-train`` take the same words; ``%hw train`` stays the training plan's own command. Declarations only: the command
-table imports them, and no planner.
+"""The words of ``nbhw.plan(task=...)`` (:mod:`nbhw.core.train.task_plan`): one set for both plans, loading and
+generating (``task="infer"``) or fine-tuning (``task="train"``). ``%hw load --task train`` and ``python -m nbhw load
+--task train`` take the same words; ``%hw train`` stays the training plan's own command. Declarations only: the
+command table imports them, and no planner.
 
 The arguments are the two plans' own declarations: the load plan's, and the training plan's that the load plan
 does not declare (:data:`TRAIN_ONLY`). Shared words (``context``, ``batch``, ``dtype``, ``target``) mean the same in

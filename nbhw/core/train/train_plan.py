@@ -3,7 +3,8 @@
 The figures are the training step itself run on the meta device (:mod:`nbhw.core.train.step`), per rank under each
 strategy (:mod:`nbhw.core.train.strategies`); the code is the cell or the launch files (:mod:`nbhw.core.train.launch`).
 Around them: the device's budget (this machine's accelerator, or ``device_memory``), the framework reserve the run
-planner states (:func:`nbhw.core.plan.run.framework_reserve`), and the precision advice (:mod:`nbhw.core.advice`).
+planner states (:func:`nbhw.core.plan.outside_tensors.framework_reserve`), and the precision advice
+(:mod:`nbhw.core.advice`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from nbhw.core.hardware.data import DeviceInfo
 from nbhw.core.hardware.targets import target_of
 from nbhw.core.hf import meta_build, model_config
 from nbhw.core.hf.tiny_model import tiny_model_path
-from nbhw.core.plan import headroom, run
+from nbhw.core.plan import headroom, outside_tensors
 from nbhw.core.render import Shown, size
 from nbhw.core.train import launch, strategies
 from nbhw.core.train.arguments import TRAIN_ARGUMENTS, TrainArgs, train_args
@@ -116,7 +117,7 @@ class TrainPlan(Shown):
     config_source: str
     device: Device
     dtype_reason: str
-    reserve: run.Reserve
+    reserve: outside_tensors.Reserve
     rows: list[RankEstimate]
     recommended: RankEstimate
     why: str
@@ -276,12 +277,12 @@ def _config(name: str, offline: bool) -> tuple[Any, str]:
     return found.config, str(found.source)
 
 
-def _reserve(device: Device) -> run.Reserve:
+def _reserve(device: Device) -> outside_tensors.Reserve:
     if device.device_type == "cpu":
-        return run.framework_reserve("cpu")
+        return outside_tensors.framework_reserve("cpu")
     cc = device.info.compute_capability if device.info else None
     capability = tuple(int(x) for x in cc.split(".")[:2]) if cc and cc.replace(".", "").isdigit() else None
-    return run.framework_reserve("cuda", capability=capability, total_memory=device.total)  # type: ignore[arg-type]
+    return outside_tensors.framework_reserve("cuda", capability=capability, total_memory=device.total)  # type: ignore[arg-type]
 
 
 def build_plan(name: str, asked: TrainArgs, *, offline: bool = False) -> TrainPlan:

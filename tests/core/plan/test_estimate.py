@@ -19,7 +19,7 @@ import nbhw
 from nbhw.core.hf import meta_build
 from nbhw.core.hf.dryrun import storage_bytes, tensors_of
 from nbhw.core.hf.tiny_model import tiny_model_path
-from nbhw.core.plan import run
+from nbhw.core.plan import run, run_parts
 
 
 def config_folder(tmp_path: Path, config: Any, arch: str, dtype: str = "bfloat16") -> str:
@@ -158,7 +158,7 @@ def tiny_qwen3(**extra: Any) -> Qwen3Config:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kv_cache_estimate_equals_the_cache_transformers_fills(config: Any, tokens: int, dtype: torch.dtype) -> None:
     # The dry run of generate(): the cache right after a prefill of `tokens` tokens (the plan's run at tokens + 1).
-    built = run.build(config, dtype=str(dtype).removeprefix("torch."), auto_name="AutoModelForCausalLM",
+    built = run_parts.build(config, dtype=str(dtype).removeprefix("torch."), auto_name="AutoModelForCausalLM",
                       attn_implementation=None)  # fmt: skip
     estimated = run.run_estimate(built.model, batch=1, context=tokens + 1, target="cpu").cache_bytes
     assert estimated == real_cache_bytes(config, dtype, tokens)

@@ -22,7 +22,7 @@ import nbhw
 from nbhw.__main__ import main
 from nbhw.core.hf.meta_build import quiet
 from nbhw.core.hf.tiny_model import tiny_model_path
-from nbhw.core.plan import run
+from nbhw.core.plan import run, run_parts, run_search
 from tests.support import families
 from tests.support.realrun import real_generate
 
@@ -39,13 +39,13 @@ def models(make: Any) -> tuple[Any, Any]:
     torch.manual_seed(0)
     with quiet():
         real = transformers.AutoModelForCausalLM.from_config(make(), dtype=torch.float32).eval()
-    meta = run.build(make(), dtype="float32", auto_name="AutoModelForCausalLM", attn_implementation=None).model
+    meta = run_parts.build(make(), dtype="float32", auto_name="AutoModelForCausalLM", attn_implementation=None).model
     return meta, real
 
 
 def tokenized(batch: int, prompt: int, padding: str) -> dict[str, Any]:
     """A tokenizer's batch for generate(): token ids and the attention_mask, padded as ``padding`` says."""
-    mask = run.attention_mask(batch, prompt, padding)
+    mask = run_parts.attention_mask(batch, prompt, padding)
     ids = torch.randint(3, 50, (batch, prompt)).masked_fill(mask == 0, 0)
     return {"input_ids": ids, "attention_mask": mask}
 
@@ -107,7 +107,7 @@ def test_a_real_run_at_the_largest_context_fits_a_tight_budget(padding: str) -> 
     """The boundary holds for a tokenizer's batch: its attention_mask (held by the caller) and, padded, the 4-D mask."""
     meta, real = models(families.llama)
     batch = 16
-    fit = run.max_context(meta, {"cpu": BUDGET}, batch=batch, target="cpu", start=512, padding=padding)
+    fit = run_search.max_context(meta, {"cpu": BUDGET}, batch=batch, target="cpu", start=512, padding=padding)
     assert 2 < fit.value < fit.limit, fit
     assert real_peak(real, tokenized(batch, fit.value - 1, padding)) <= BUDGET
     assert real_peak(real, tokenized(batch, fit.value, padding)) > BUDGET  # one token more does not fit
@@ -116,8 +116,8 @@ def test_a_real_run_at_the_largest_context_fits_a_tight_budget(padding: str) -> 
 def test_the_largest_batch_counts_the_padding() -> None:
     meta, _ = models(families.llama)
     budget = 12_000_000
-    left = run.max_batch(meta, {"cpu": budget}, context=300, target="cpu", padding="left")
-    none = run.max_batch(meta, {"cpu": budget}, context=300, target="cpu", padding="none")
+    left = run_search.max_batch(meta, {"cpu": budget}, context=300, target="cpu", padding="left")
+    none = run_search.max_batch(meta, {"cpu": budget}, context=300, target="cpu", padding="none")
     assert 1 <= left.value < none.value
     at = run.run_estimate(meta, batch=left.value, context=300, target="cpu", padding="left")
     above = run.run_estimate(meta, batch=left.value + 1, context=300, target="cpu", padding="left")

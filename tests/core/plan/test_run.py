@@ -19,7 +19,7 @@ import nbhw
 from nbhw.__main__ import main
 from nbhw.core.hf.dryrun import storage_bytes
 from nbhw.core.hf.meta_build import quiet
-from nbhw.core.plan import run
+from nbhw.core.plan import outside_tensors, run, run_figures, run_parts, run_search
 from tests.support import families, published
 from tests.support.models import config_only, saved
 from tests.support.realrun import real_generate
@@ -30,7 +30,7 @@ GIB = 2**30
 
 
 def meta(make: Any, dtype: str = "float32", auto: str = "AutoModelForCausalLM") -> Any:
-    return run.build(make(), dtype=dtype, auto_name=auto, attn_implementation=None).model
+    return run_parts.build(make(), dtype=dtype, auto_name=auto, attn_implementation=None).model
 
 
 # ---------------------------------------------------------------- the wrong answers
@@ -65,8 +65,8 @@ def test_t5_float16_keeps_wo_in_float32_like_from_pretrained(tmp_path: Path) -> 
     folder = saved(families.t5_unequal(), tmp_path, "AutoModelForSeq2SeqLM")
     plan = nbhw.plan(folder, dtype="float16")
     model = plan.meta_model
-    assert run.dtype_plan(model, "float16") == {"wo": torch.float32}
-    assert run.dtype_plan(model, "bfloat16") == {}  # _keep_in_fp32_modules applies to float16 only
+    assert run_parts.dtype_plan(model, "float16") == {"wo": torch.float32}
+    assert run_parts.dtype_plan(model, "bfloat16") == {}  # _keep_in_fp32_modules applies to float16 only
     assert {p.dtype for n, p in model.named_parameters() if ".wo." in n} == {torch.float32}
     with quiet():
         loaded = transformers.AutoModelForSeq2SeqLM.from_pretrained(folder, dtype=torch.float16)
@@ -298,17 +298,19 @@ def test_a_run_with_less_room_than_the_allocator_needs_is_tight_not_fits(tmp_pat
 
 
 def test_the_reserve_is_stated_with_its_source_and_overridable(tmp_path: Path) -> None:
-    hopper = run.framework_reserve("cuda", capability=(9, 0), total_memory=80 * GIB)
-    ampere = run.framework_reserve("cuda", capability=(8, 0), total_memory=40 * GIB)
+    hopper = outside_tensors.framework_reserve("cuda", capability=(9, 0), total_memory=80 * GIB)
+    ampere = outside_tensors.framework_reserve("cuda", capability=(8, 0), total_memory=40 * GIB)
     # the context measured on an H200 (686 MiB) vs the published 400 MiB; workspaces: cuBLAS 32 MiB vs 8 MiB +
     # 128 KiB, cuBLASLt 32 MiB vs 4 MiB
     assert hopper.bytes - ampere.bytes == (686 - 400 + 32 + 32 - 8 - 4) * 2**20 - 128 * 1024
     assert "measured by nbhw's GPU suite on an H200" in hopper.source and "pytorch#86509" in ampere.source
-    assert run.framework_reserve("mps").bytes == 0
+    assert outside_tensors.framework_reserve("mps").bytes == 0
     folder = config_only(families.llama(), tmp_path, "LlamaForCausalLM")
     stated = nbhw.plan(folder, device_map=0, max_memory={0: "2GiB"})
     mine = nbhw.plan(folder, device_map=0, max_memory={0: "2GiB"}, reserve="600MiB")
-    assert stated.reserves[0].bytes == run.framework_reserve("cuda").bytes and "pytorch#86509" in stated.text()
+    assert (
+        stated.reserves[0].bytes == outside_tensors.framework_reserve("cuda").bytes and "pytorch#86509" in stated.text()
+    )
     assert mine.reserves[0].bytes == 600 * 2**20 and mine.reserves[0].source == "override"
     assert mine.placement.devices[0].reserve_bytes == 600 * 2**20  # type: ignore[union-attr]
 
@@ -356,7 +358,7 @@ def test_a_loop_over_tokens_is_reported_not_run_for_minutes(tmp_path: Path) -> N
 
 def test_qwen2_vl_images_are_not_covered_and_the_error_says_where() -> None:
     model = meta(families.qwen2_vl, auto="AutoModelForImageTextToText")
-    with pytest.raises(run.DryRunError, match="the multimodal encoder failed on the meta device"):
+    with pytest.raises(run_figures.DryRunError, match="the multimodal encoder failed on the meta device"):
         run.run_estimate(model, batch=1, context=100, target="cpu",
                          inputs={"pixel_values": (16, 1176), "image_grid_thw": ((1, 3), torch.long)})  # fmt: skip
 
@@ -382,7 +384,7 @@ def test_meta_sdpa_is_sized_as_the_targets_kernel() -> None:
 def test_max_context_is_the_exact_boundary(make: Any) -> None:
     model = meta(make)
     budget = run.run_estimate(model, batch=2, context=300, target="cpu").peak_bytes + 50_000
-    fit = run.max_context(model, {"cpu": budget}, batch=2, target="cpu", start=256)
+    fit = run_search.max_context(model, {"cpu": budget}, batch=2, target="cpu", start=256)
     below = run.run_estimate(model, batch=2, context=fit.value, target="cpu").peak_bytes
     above = run.run_estimate(model, batch=2, context=fit.value + 1, target="cpu").peak_bytes
     assert below <= budget < above
@@ -392,11 +394,11 @@ def test_max_context_is_the_exact_boundary(make: Any) -> None:
 
 def test_max_batch_is_the_exact_boundary() -> None:
     model = meta(families.mixtral)
-    fit = run.max_batch(model, {"cpu": 6_000_000}, context=200, target="cpu")
+    fit = run_search.max_batch(model, {"cpu": 6_000_000}, context=200, target="cpu")
     assert fit.value >= 1 and fit.dry_runs <= 4
     assert run.run_estimate(model, batch=fit.value, context=200, target="cpu").peak_bytes <= 6_000_000
     assert run.run_estimate(model, batch=fit.value + 1, context=200, target="cpu").peak_bytes > 6_000_000
-    assert run.max_batch(model, {"cpu": 1000}, context=100, target="cpu").value == 0
+    assert run_search.max_batch(model, {"cpu": 1000}, context=100, target="cpu").value == 0
 
 
 def test_a_plan_asked_again_reuses_its_dry_runs(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from nbhw.core.hf.depth import decoder_stack
-from nbhw.core.plan import run, run_depth
+from nbhw.core.plan import run, run_depth, run_parts
 from tests.support import families
 
 LAYERS = 12
@@ -19,7 +19,7 @@ def deep(make: Any, **fields: Any) -> Any:
     config.num_hidden_layers = LAYERS
     for name, value in fields.items():
         setattr(config, name, value)
-    return run.build(config, dtype="float32", auto_name="AutoModelForCausalLM", attn_implementation=None).model
+    return run_parts.build(config, dtype="float32", auto_name="AutoModelForCausalLM", attn_implementation=None).model
 
 
 def two_devices(model: Any, first: int) -> dict[str, Any]:

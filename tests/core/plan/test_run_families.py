@@ -15,7 +15,7 @@ import torch
 import transformers
 
 from nbhw.core.hf.meta_build import quiet
-from nbhw.core.plan import run
+from nbhw.core.plan import run, run_parts, run_search
 from tests.support import families
 from tests.support.realrun import real_forward, real_generate
 
@@ -32,7 +32,7 @@ def models(make: Any, auto: str) -> tuple[Any, Any]:
     torch.manual_seed(0)
     with quiet():
         real = getattr(transformers, auto).from_config(config, dtype=torch.float32).eval()
-    meta = run.build(config, dtype="float32", auto_name=auto, attn_implementation=None).model
+    meta = run_parts.build(config, dtype="float32", auto_name=auto, attn_implementation=None).model
     return meta, real
 
 
@@ -92,7 +92,7 @@ def test_llava_with_an_image_matches_a_real_generate() -> None:
         with quiet():
             out = real.generate(**options, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                 return_dict_in_generate=True)  # fmt: skip
-        assert run.cache_parts(out.get("cache"))[0] == expected
+        assert run_parts.cache_parts(out.get("cache"))[0] == expected
         with (
             quiet(),
             torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof,
@@ -117,7 +117,7 @@ def test_static_cache_matches_generate_with_cache_implementation_static() -> Non
 def test_max_context_agrees_with_a_real_run_at_the_boundary() -> None:
     meta, real = models(families.llama, "AutoModelForCausalLM")
     budget = 2_000_000
-    fit = run.max_context(meta, {"cpu": budget}, batch=2, target="cpu", start=200)
+    fit = run_search.max_context(meta, {"cpu": budget}, batch=2, target="cpu", start=200)
     with quiet():
         real_peak = max(real_generate(real, batch=2, prompt=fit.value - 1, new_tokens=n).profiler_peak for n in (1, 2))
         over = max(real_generate(real, batch=2, prompt=fit.value + 20, new_tokens=n).profiler_peak for n in (1, 2))

@@ -23,8 +23,8 @@ from nbhw.core.advice.status import Status
 from nbhw.core.hardware import who_picks
 from nbhw.core.hardware.targets import Accelerator, catalog, parse_target
 from nbhw.core.hf import library_source, meta_build
+from nbhw.core.plan.outside_tensors import framework_reserve
 from nbhw.core.plan.placement import is_accelerator
-from nbhw.core.plan.run import framework_reserve
 from tests.support.dists import BITSANDBYTES
 
 ROOT = Path(__file__).resolve().parents[3]

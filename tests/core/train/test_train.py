@@ -28,7 +28,7 @@ from nbhw.core.errors import UserError
 from nbhw.core.plan.headroom import segment_for
 from nbhw.core.train import launch as L
 from nbhw.core.train import step as S
-from nbhw.core.train import strategies
+from nbhw.core.train import step_depth, strategies
 from nbhw.core.train.arguments import TRAIN_ARGUMENTS, train_args
 from nbhw.core.train.train_plan import search_batch, train_plan
 from tests.support import families
@@ -110,6 +110,7 @@ from tests.support import families
 from tests.support.training import args_for
 from tests.support.train_realrun import real_peak, save_tiny
 from nbhw.core.train import step as S
+from nbhw.core.train import step_depth
 out = {}
 targets = json.loads(sys.argv[2])  # null: peft's defaults
 for family in sys.argv[3:]:
@@ -178,7 +179,7 @@ def test_parts_add_up_and_say_what_they_are() -> None:
 
 def test_repeating_the_middle_layers_equals_running_every_layer() -> None:
     """The depth shortcut (what makes a 70B plan seconds, not minutes) is the recorded step repeated, byte for byte."""
-    config = S.with_depth(families.llama(), 12)
+    config = step_depth.with_depth(families.llama(), 12)
     for method in ("full", "lora"):
         for gc in (False, True):
             args = args_for(method, gc)
@@ -260,7 +261,7 @@ def test_strategies_on_two_devices_are_compared_and_one_recommended(tiny: Path) 
 def test_sharded_strategies_in_one_process_for_eight_ranks() -> None:
     import torch.distributed as dist
 
-    config = S.with_depth(families.llama(), 4)
+    config = step_depth.with_depth(families.llama(), 4)
     args = args_for("full", False)
     single = strategies.strategy_estimate(config, args, "single", 1)
     fsdp = strategies.strategy_estimate(config, args, "fsdp2", 8)
@@ -274,7 +275,7 @@ def test_a_first_sharded_dry_run_reads_what_a_later_one_does() -> None:
     and shapes. Those stand-ins were counted as the rank's memory: a process's first FSDP2 step over a model read
     the unsharded parameters, gradients and AdamW states in its optimizer step (70B over 8 ranks: 476 GiB per
     rank, then 82 GiB). Shapes no other test uses make the first run here a first for DTensor too."""
-    config = S.with_depth(families.llama(), 4)
+    config = step_depth.with_depth(families.llama(), 4)
     config.hidden_size, config.intermediate_size, config.head_dim = 72, 88, 18  # 4 heads of 18: unused elsewhere
     args = dataclasses.replace(args_for("full", False), devices=2)
     single = S.dry_run(config, args)
