@@ -8,10 +8,21 @@ from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class PlannerDict(dict[K, V]):
+    """A plain dict for the planner's own memos on the hot path of a dry run (op shapes, decisions): never a tensor
+    on a device, so nbhw.holders() does not walk it (as :class:`Recent`)."""
 
 
 class Recent(Generic[T]):
-    """The ``size`` most recently used results by key. Two threads asking for one key may both compute it."""
+    """The ``size`` most recently used results by key. Two threads asking for one key may both compute it.
+
+    For the planner's results (meta-device builds, plans, the Load tab's choices), never a tensor on a device:
+    nbhw.holders() does not walk these caches (a tensor one held would show as unattributed, not hidden).
+    """
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -53,3 +64,6 @@ class Recent(Generic[T]):
         """Forget every result."""
         with self._lock:
             self._items.clear()
+
+
+PLANNER_CACHES = (Recent, PlannerDict)  # what nbhw.holders() does not walk among nbhw's own globals

@@ -30,6 +30,8 @@ from functools import cache, lru_cache
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from nbhw.core.cache import PlannerDict
+
 if TYPE_CHECKING:
     import torch
 
@@ -416,8 +418,8 @@ class _NotCacheable(Exception):
 # (op, shapes) pairs 80 times. Like FakeTensor's dispatch cache, only ops that return new storage are memoised (no
 # views, no in-place or out= ops, no data-dependent shapes), and a hit returns new meta tensors of the recorded
 # shape, stride and dtype, so every output still has its own storage for the tracker. Process-wide on purpose.
-_MEMO: dict[Any, tuple[tuple[Any, ...], bool] | None] = {}
-_DECIDED: dict[Any, bool] = {}
+_MEMO: PlannerDict[Any, tuple[tuple[Any, ...], bool] | None] = PlannerDict()
+_DECIDED: PlannerDict[Any, bool] = PlannerDict()
 MEMO_ENTRIES = 100_000
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
+from nbhw.core.cache import PLANNER_CACHES
 from nbhw.core.errors import UserError
 from nbhw.core.memory.allocator import DeviceMemory, TorchMemory
 from nbhw.core.memory.keeps_alive import Key, Walker, WalkStopped, device_of, may_hold, on_device, where
@@ -399,12 +400,17 @@ def _own_modules(own: Sequence[str]) -> list[tuple[str, types.ModuleType]]:
 
 def _module_globals(modules: Sequence[tuple[str, types.ModuleType]]) -> list[tuple[str, str, object]]:
     """(module, name, value) of each global of these modules that may hold a tensor (no module machinery, no
-    function; classes and modules are the walker's to skip)."""
+    function; classes and modules are the walker's to skip), but the planner's caches
+    (:data:`nbhw.core.cache.PLANNER_CACHES`): they keep meta-device builds, plans and op memos, thousands after a
+    fit, whose walk cost seconds and never found a byte (a tensor one held would still be counted, as unattributed)."""
     return [
         (name, attr, value)
         for name, module in modules
         for attr, value in list(vars(module).items())
-        if not attr.startswith("__") and gc.is_tracked(value) and type(value) is not types.FunctionType
+        if not attr.startswith("__")
+        and gc.is_tracked(value)
+        and type(value) is not types.FunctionType
+        and not isinstance(value, PLANNER_CACHES)
     ]
 
 

@@ -18,6 +18,7 @@ import torch
 
 import nbhw
 import nbhw.session
+from nbhw.core.cache import Recent
 from nbhw.core.errors import UserError
 from nbhw.core.memory import holders as H
 from nbhw.core.memory.allocator import TorchMemory
@@ -280,6 +281,27 @@ def test_tensors_held_only_by_nbhw_are_named_and_there_are_none_otherwise(shell:
         assert group(report, "nbhw._leak_probe.kept").kind == "nbhw"
     finally:
         del sys.modules["nbhw._leak_probe"]
+
+
+def test_the_planners_caches_are_not_walked_and_hide_nothing(shell: Any) -> None:
+    run(shell, "t = torch.zeros(10)")
+    before = shell_holders(shell)
+    probe = types.ModuleType("nbhw._cache_probe")
+    plans: Recent[Any] = Recent(64)  # what a fit leaves: meta builds, thousands of modules and parameters
+    for i in range(8):
+        with torch.device("meta"):
+            plans.put(i, torch.nn.Sequential(*(torch.nn.Linear(64, 64) for _ in range(50))))
+    probe.plans = plans  # type: ignore[attr-defined]
+    sys.modules["nbhw._cache_probe"] = probe
+    try:
+        assert shell_holders(shell).visited <= before.visited + 50  # the 400 modules were not walked
+        kept = torch.zeros(25)
+        plans.put("real", kept)  # never done by nbhw: if it were, the bytes would still show
+        report = shell_holders(shell)
+        assert report.storages[("cpu", kept.untyped_storage().data_ptr())] == (100, frozenset())
+        balanced(report)
+    finally:
+        del sys.modules["nbhw._cache_probe"]
 
 
 def test_a_tensor_no_holder_explains_is_unattributed_never_hidden(shell: Any) -> None:
