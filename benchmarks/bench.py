@@ -442,7 +442,7 @@ def run_lines(ours: Any, before: Any) -> list[Line]:
 
 def panel_lines(found: list[Any]) -> list[Line]:
     """Issue 16's panel targets, measured in the browser (the run estimate fills in after the code)."""
-    from tests.support import bench_panel as bpn
+    from benchmarks import bench_panel as bpn
 
     lines = []
     for f in found:
@@ -506,7 +506,7 @@ def main() -> int:
         return kernel_lines(k)
 
     def run_memory() -> list[Line]:
-        from tests.support import bench_memory as bm
+        from benchmarks import bench_memory as bm
 
         settings = bm.overhead(rounds, 4000 if args.quick else 40000)
         print_table(
@@ -525,7 +525,7 @@ def main() -> int:
         return memory_lines(settings, figures)
 
     def run_plan() -> list[Line]:
-        from tests.support import bench_plan as bp
+        from benchmarks import bench_plan as bp
 
         ours, theirs = bp.compare(max(3, rounds // 3), 3 if args.quick else 5, env)
         print_table(
@@ -537,7 +537,7 @@ def main() -> int:
         return plan_lines(ours, theirs)
 
     def run_holders() -> list[Line]:
-        from tests.support import bench_holders as bh
+        from benchmarks import bench_holders as bh
 
         figures = bh.measure(3 if args.quick else 7, env)
         print_table(
@@ -550,7 +550,7 @@ def main() -> int:
         return [Line(*line) for line in bh.lines(figures)]
 
     def run_run() -> list[Line]:
-        from tests.support import bench_run as br
+        from benchmarks import bench_run as br
 
         ours, before = br.compare(max(3, rounds // 3), 3 if args.quick else 5, env)
         print_table(f"Plan with the run: {br.MODEL}-sized config at {br.CONTEXT:,} tokens on 2 x 80 GiB (fresh process "
@@ -560,7 +560,7 @@ def main() -> int:
         return run_lines(ours, before)
 
     def run_panel() -> list[Line]:
-        from tests.support import bench_panel as bpn
+        from benchmarks import bench_panel as bpn
 
         found = bpn.measure(max(2, rounds // 3), 4 if args.quick else 8)
         print_table("The Load tab in JupyterLab (chromium), a kernel that has imported torch and transformers; timed "
@@ -569,7 +569,7 @@ def main() -> int:
         return panel_lines(found)
 
     def run_train() -> list[Line]:
-        from tests.support import bench_train as bt
+        from benchmarks import bench_train as bt
 
         runs = bt.compare("lora", 1)  # one round: the first plan alone takes minutes here (see README)
         print("\n".join(bt.report("lora", runs)))
@@ -588,7 +588,7 @@ def main() -> int:
         ]
 
     def run_fit() -> list[Line]:
-        from tests.support import bench_fit as bf
+        from benchmarks import bench_fit as bf
 
         found = bf.measure()
         print_table(f"nbhw.fit: {bf.MODEL}-sized config at {bf.CONTEXT:,} tokens, max_memory {bf.BUDGET}",

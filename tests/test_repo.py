@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
+import importlib.util
 import re
 import subprocess
 import sys
@@ -38,6 +41,34 @@ def test_readme_benchmark_command_runs_from_the_repository_root() -> None:
     argv = [sys.executable, "-m", "benchmarks.bench", *command.split()[3:], "--help"]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0 and "--only" in proc.stdout, proc.stderr
+
+
+def test_every_module_the_benchmarks_import_exists() -> None:
+    # Function-level imports too: `bench.py --only fit` imported its section from where it was before the move.
+    missing = []
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [f"{node.module}.{a.name}" for a in node.names] if isinstance(node, ast.ImportFrom) else []
+            for name in names:
+                top = name.split(".")[0]
+                if top in {"benchmarks", "tests", "nbhw"} and not _importable(name):
+                    missing.append(f"{path.name}: {name}")
+    assert not [m for m in missing if not _is_attribute(m.split(": ")[1])], missing
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def _is_attribute(name: str) -> bool:
+    """``from X import f``: f is an attribute of module X, not a module."""
+    module, _, attribute = name.rpartition(".")
+    return _importable(module) and hasattr(importlib.import_module(module), attribute)
 
 
 def test_readme_layout_names_every_module_once() -> None:
