@@ -79,6 +79,10 @@ def main() -> None:
             }
         )
     )
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        # Left to the interpreter's exit, a gloo group's threads were destroyed while joinable now and then
+        # ("terminate called without an active exception": SIGABRT after the results were written, the TP case).
+        torch.distributed.destroy_process_group()
 
 
 def _running_peak(tracker: object) -> int:
