@@ -28,7 +28,7 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from nbhw.core.hf import depth, dryrun, meta_build, offloading, values
@@ -85,6 +85,41 @@ def _no_value_checks() -> Iterator[None]:
             os.environ.pop(_DISABLE_CHECKS, None)
         else:
             os.environ[_DISABLE_CHECKS] = old
+
+
+@dataclass(frozen=True)
+class Recording:
+    """What the tracker saw of one dry run's prefill and decode step, before it is widened to the model's depth."""
+
+    found: dict[str, Any]  # generate()'s figures (see _DryRun.generate)
+    timeline: tuple[tuple[int, ...], ...]
+    devices: tuple[Hashable, ...]
+    largest: tuple[int, ...]
+    weights: tuple[int, ...]
+    starts: tuple[int, ...]
+    routed_at: tuple[dict[str, int], ...]
+    created: tuple[int, list[run_depth.CacheLayer] | None]
+    kernels: dict[str, int]
+
+
+# Per full model (weakly), the recordings of its shallow runs, shared by every device_map they stand for.
+_RECORDINGS: weakref.WeakKeyDictionary[Any, OrderedDict[Hashable, Recording]] = weakref.WeakKeyDictionary()
+RECORDING_CACHE_SIZE = 64  # per model
+
+
+def _recorded(model: Any, key: Hashable) -> Recording | None:
+    kept = _RECORDINGS.get(model)
+    if kept is None or key not in kept:
+        return None
+    kept.move_to_end(key)
+    return kept[key]
+
+
+def _keep_recording(model: Any, key: Hashable, recorded: Recording) -> None:
+    kept = _RECORDINGS.setdefault(model, OrderedDict())
+    kept[key] = recorded
+    while len(kept) > RECORDING_CACHE_SIZE:
+        kept.popitem(last=False)
 
 
 class _DryRun:
@@ -219,6 +254,31 @@ class _DryRun:
         started = time.perf_counter()
         if not self.model.can_generate():
             return self._forward_only(started)
+        key = self._recording_key()
+        recorded = _recorded(self.full, key) if key is not None else None
+        if recorded is None:
+            recorded = self._record()
+            if key is not None:
+                _keep_recording(self.full, key, recorded)
+        found, kernels = self._replay(recorded)
+        if self.shallow is not None:
+            try:
+                self._widen(found)
+                kernels = run_depth.widen_counts(kernels, self.routed_at, self.shallow)
+            except run_depth.NotRepeating:
+                return _DryRun(self.full, self.sizes, widen=False).run()
+        return self._result(found, kernels, started)
+
+    def _recording_key(self) -> Hashable | None:
+        """What a shallow run's recording depends on: the sizes on the few-layer device_map and the kept layers'
+        work. Device_maps that differ only in where a stretch of like layers ends (a memory share, a strategy) run
+        the same few layers on the same devices: one recording, widened to each (None: a full-depth run)."""
+        if self.shallow is None:
+            return None
+        return replace(self.sizes, device_map=tuple(self.device_map.items())), self.shallow.kept_work
+
+    def _record(self) -> Recording:
+        """generate()'s prefill and decode step under the tracker, before any widening."""
         try:
             with self._measured() as routed:
                 found = self.generate()
@@ -230,14 +290,26 @@ class _DryRun:
             ) from exc
         except Exception as exc:
             raise DryRunError(self._failure(exc)) from exc
-        kernels = dict(routed.routed)
-        if self.shallow is not None:
-            try:
-                self._widen(found)
-                kernels = run_depth.widen_counts(kernels, self.routed_at, self.shallow)
-            except run_depth.NotRepeating:
-                return _DryRun(self.full, self.sizes, widen=False).run()
-        return self._result(found, kernels, started)
+        track = self.tracker
+        return Recording(found, tuple(track.timeline), tuple(track.devices), tuple(track.largest),
+                         tuple(self.weights), tuple(self.starts), tuple(self.routed_at), self.created,
+                         dict(routed.routed))  # fmt: skip
+
+    def _replay(self, recorded: Recording) -> tuple[dict[str, Any], dict[str, int]]:
+        """This run's state as the recording left it (each run widens its own copies)."""
+        track = self.tracker
+        track.timeline, track.devices, track.largest = (
+            list(recorded.timeline),
+            list(recorded.devices),
+            list(recorded.largest),
+        )
+        self.weights, self.starts, self.routed_at = (
+            list(recorded.weights),
+            list(recorded.starts),
+            list(recorded.routed_at),
+        )
+        self.created = recorded.created
+        return dict(recorded.found), dict(recorded.kernels)
 
     def _failure(self, exc: Exception) -> str:
         """The plan's words for a dry run that stopped: transformers refusing the cache asked for, or the step."""
@@ -424,6 +496,8 @@ def clear_results() -> None:
     """Forget every remembered dry run (benchmarks measure the dry run itself)."""
     with _RESULTS_LOCK:
         _RESULTS.clear()
+    with run_lock:
+        _RECORDINGS.clear()
 
 
 def sizes(

@@ -57,6 +57,7 @@ class Shallow:
     device_map: dict[str, Hashable]
     stretches: list[Stretch]
     added_weights: dict[Hashable, int]  # the weights of the layers not recorded, by device
+    kept_work: tuple[tuple[int, Any], ...]  # per recorded layer: its work (the first full layer like it) and type
 
     @property
     def layers(self) -> int:
@@ -138,7 +139,9 @@ def shallow(
     for g, stretch in zip(groups, stretches, strict=True):
         skipped = [t for i in g[RECORDED:] for t in (*layers[i].parameters(), *layers[i].buffers())]
         added[stretch.device] = added.get(stretch.device, 0) + dryrun.storage_bytes(skipped)
-    return Shallow(small, small_map, stretches, added)
+    signatures, types = _signatures(model, layers), _layer_types(model)
+    work = tuple((signatures.index(signatures[i]), types[i] if types else None) for i in kept)
+    return Shallow(small, small_map, stretches, added, work)
 
 
 def _small_model(model: Any, kept: tuple[int, ...], layers: list[Any], cast: Callable[[Any, Any], Any]) -> Any | None:

@@ -104,7 +104,7 @@ def test_layers_that_alternate_run_every_layer() -> None:
 
 def test_periods_that_do_not_repeat_are_refused() -> None:
     stretch = run_depth.Stretch(first=0, layers=8, device="cpu")
-    shallow = run_depth.Shallow(model=None, device_map={}, stretches=[stretch], added_weights={})
+    shallow = run_depth.Shallow(model=None, device_map={}, stretches=[stretch], added_weights={}, kept_work=())
     starts = [0, 2, 4, 6, 8, 10, 12, 14, 16, 18]
     timeline = [(v,) for v in [1, 2, 3, 4, 5, 9, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]
     with pytest.raises(run_depth.NotRepeating):
@@ -112,3 +112,25 @@ def test_periods_that_do_not_repeat_are_refused() -> None:
     steady = [(v,) for v in range(20)]
     widened, split = run_depth.widen_timeline(steady, starts, 10, shallow, (0,), made=(0, (0,)))
     assert len(widened) == 20 + 2 * 3 * 2 and split == 10 + 3 * 2
+
+
+def test_device_maps_that_differ_only_in_a_boundary_share_one_recording(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A memory share or a strategy moves where a stretch of like layers ends: the few recorded layers run the same
+    way on the same devices, so one recording is widened to each map, and each equals its own full-depth run."""
+    model = deep(families.llama, num_hidden_layers=16)
+    recorded = []
+    record = run._DryRun._record
+    monkeypatch.setattr(run._DryRun, "_record", lambda self: recorded.append(self.sizes) or record(self))
+
+    def split_at(first: int) -> Any:
+        layers = {f"model.layers.{i}": 0 if i < first else 1 for i in range(16)}
+        device_map = {"model.embed_tokens": 0, "model.rotary_emb": 0, **layers, "model.norm": 1, "lm_head": 1}
+        return run.sizes(2, 200, target="cpu", device_map=device_map)
+
+    run.clear_results()
+    at_seven, at_nine = run._DryRun(model, split_at(7)).run(), run._DryRun(model, split_at(9)).run()
+    assert len(recorded) == 1
+    for got, sizes in ((at_seven, split_at(7)), (at_nine, split_at(9))):
+        full = run._DryRun(model, sizes, widen=False).run()
+        assert figures(got) == figures(full) and got.timeline == full.timeline
+    assert at_seven.estimate.devices != at_nine.estimate.devices  # the weights and cache moved with the boundary
