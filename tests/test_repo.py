@@ -87,6 +87,7 @@ def test_the_benchmarks_are_not_collected_as_tests(pytestconfig: pytest.Config) 
     assert not list((ROOT / "tests").rglob("bench*.py"))
     assert sorted(p.name for p in (ROOT / "benchmarks").glob("bench*.py")) == [
         "bench.py",
+        "bench_cold_fit.py",
         "bench_fit.py",
         "bench_holders.py",
         "bench_memory.py",

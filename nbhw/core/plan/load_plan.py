@@ -26,7 +26,18 @@ from nbhw.core.hardware.targets import Target, target_of
 from nbhw.core.hardware.who_picks import from_pretrained_default
 from nbhw.core.hf import kernel_tables, meta_build, model_config
 from nbhw.core.hf.tiny_model import tiny_model_path
-from nbhw.core.plan import codegen, estimate, for_target, run, run_figures, run_parts, run_plan, run_search, run_view
+from nbhw.core.plan import (
+    codegen,
+    estimate,
+    for_target,
+    run,
+    run_figures,
+    run_parts,
+    run_plan,
+    run_search,
+    run_store,
+    run_view,
+)
 from nbhw.core.plan.arguments import DISK, NO_DEVICE_MAP, PLAN_ARGUMENTS, PlanArgs, plan_args, strategy_names
 from nbhw.core.plan.estimate import Estimate
 from nbhw.core.plan.outside_tensors import LoadPeak, Reserve
@@ -53,7 +64,14 @@ def cached_build(
     dtype and attention (the model is read-only; its dry runs are remembered with it)."""
     hf = config.config
     key = (config.key, auto_name, dtype, attn)
-    return _BUILDS.get(key, lambda: run_parts.build(hf, dtype=dtype, auto_name=auto_name, attn_implementation=attn))
+
+    def built() -> meta_build.MetaBuild:
+        found = run_parts.build(hf, dtype=dtype, auto_name=auto_name, attn_implementation=attn)
+        if found.model is not None:
+            run_store.remember_build(found.model, *key)  # its dry runs can be kept on disk, under this key
+        return found
+
+    return _BUILDS.get(key, built)
 
 
 _PLACEMENTS: Recent[tuple[Placement, list[str]]] = Recent(256)

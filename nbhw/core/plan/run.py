@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from nbhw.core.hf import depth, dryrun, meta_build, offloading, values
-from nbhw.core.plan import run_depth
+from nbhw.core.plan import run_depth, run_store
 from nbhw.core.plan.run_figures import ONE_DEVICE, DeviceRun, DryRunError, RunEstimate, Sizes, TrackedRun
 from nbhw.core.plan.run_parts import (
     apply_dtype_plan,
@@ -92,7 +92,7 @@ class Recording:
     """What the tracker saw of one dry run's prefill and decode step, before it is widened to the model's depth."""
 
     found: dict[str, Any]  # generate()'s figures (see _DryRun.generate)
-    timeline: tuple[tuple[int, ...], ...]
+    table: Any  # torch.Tensor: per op, every device's total (see table())
     devices: tuple[Hashable, ...]
     largest: tuple[int, ...]
     weights: tuple[int, ...]
@@ -142,6 +142,7 @@ class _DryRun:
         self.starts: list[int] = []  # the op index each recorded decoder layer started at (a shallow run)
         self.routed_at: list[dict[str, int]] = []  # and the attention kernels counted by then
         self.created: tuple[int, list[run_depth.CacheLayer] | None] = (0, None)  # op index, cache layers as made
+        self.table: Any = None  # the timeline as a tensor (see table()), once recorded
         self.encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
         self.gen: Any = generation_config(model, **dict(sizes.generation)) if model.can_generate() else None
         tokens = default_encoder_tokens(model, sizes.context) if sizes.encoder_tokens is None else sizes.encoder_tokens
@@ -256,10 +257,15 @@ class _DryRun:
             return self._forward_only(started)
         key = self._recording_key()
         recorded = _recorded(self.full, key) if key is not None else None
+        if recorded is None and key is not None:
+            recorded = run_store.load(self.full, key)  # kept by an earlier kernel
+            if recorded is not None:
+                _keep_recording(self.full, key, recorded)
         if recorded is None:
             recorded = self._record()
             if key is not None:
                 _keep_recording(self.full, key, recorded)
+                run_store.save(self.full, key, recorded)
         found, kernels = self._replay(recorded)
         if self.shallow is not None:
             try:
@@ -291,18 +297,14 @@ class _DryRun:
         except Exception as exc:
             raise DryRunError(self._failure(exc)) from exc
         track = self.tracker
-        return Recording(found, tuple(track.timeline), tuple(track.devices), tuple(track.largest),
+        return Recording(found, table(track.timeline, len(track.devices)), tuple(track.devices), tuple(track.largest),
                          tuple(self.weights), tuple(self.starts), tuple(self.routed_at), self.created,
                          dict(routed.routed))  # fmt: skip
 
     def _replay(self, recorded: Recording) -> tuple[dict[str, Any], dict[str, int]]:
         """This run's state as the recording left it (each run widens its own copies)."""
         track = self.tracker
-        track.timeline, track.devices, track.largest = (
-            list(recorded.timeline),
-            list(recorded.devices),
-            list(recorded.largest),
-        )
+        self.table, track.devices, track.largest = recorded.table, list(recorded.devices), list(recorded.largest)
         self.weights, self.starts, self.routed_at = (
             list(recorded.weights),
             list(recorded.starts),
@@ -336,10 +338,9 @@ class _DryRun:
             raise run_depth.NotRepeating("no per-layer cache made before the prefill")
         weights = self.weights + [0] * (len(track.devices) - len(self.weights))
         extra = tuple(self.shallow.added_weights.get(d, 0) for d in track.devices)
-        timeline = padded(track.timeline, len(track.devices))
         made = (created_at, run_depth.added_bytes(created, self.shallow, track.devices))
-        track.timeline, found["split"] = run_depth.widen_timeline(
-            timeline, self.starts, found["split"], self.shallow, extra, made=made
+        self.table, found["split"] = run_depth.widen_timeline(
+            self.table, self.starts, found["split"], self.shallow, extra, made=made
         )
         run_depth.widen_cache(found, self.shallow, before, after)
         self.weights = [w + e for w, e in zip(weights, extra, strict=True)]
@@ -386,7 +387,7 @@ class _DryRun:
     def _per_device(self, cache_on: dict[Hashable, int], decode_on: dict[Hashable, int]) -> dict[Hashable, DeviceRun]:
         track = self.tracker
         n = len(track.devices)
-        top = dryrun.peaks(track.timeline, n)
+        top = self.table.max(dim=0).values.tolist() if len(self.table) else [0] * n
         weights = self.weights + [0] * (n - len(self.weights))
         out = {}
         for i, device in enumerate(track.devices):
@@ -399,10 +400,8 @@ class _DryRun:
     def _result(self, found: dict[str, Any], kernels: dict[str, int], started: float) -> TrackedRun:
         track, s = self.tracker, self.sizes
         weights = sum(self.weights)
-        timeline = padded(track.timeline, len(track.devices))
         split = found["split"]
-        prefill = max([sum(p) for p in timeline[:split]], default=weights)
-        decode = max([sum(p) for p in timeline[split:]], default=0)
+        prefill, decode = most_together(self.table[:split], weights), most_together(self.table[split:], 0)
         held, state, cross = found["parts"]
         devices = self._per_device(found["cache_on"], found["decode_on"])
         estimate = RunEstimate(
@@ -414,7 +413,7 @@ class _DryRun:
             not_covered=run_notes(self.model, s.target, kernels, len(devices)) + found["cache_notes"],
             seconds=time.perf_counter() - started,
         )  # fmt: skip
-        return TrackedRun(estimate, timeline, list(track.devices))
+        return TrackedRun(estimate, self.table, list(track.devices))
 
     def _forward_only(self, started: float) -> TrackedRun:
         """Models that don't generate (encoders such as BERT): one forward at batch x context, no cache."""
@@ -427,9 +426,9 @@ class _DryRun:
             out = self.model(input_ids=ids, **({} if mask is None else {"attention_mask": mask}))
             del out, ids, mask
         track = self.tracker
-        timeline = padded(track.timeline, len(track.devices))
+        self.table = table(track.timeline, len(track.devices))
         weights = sum(self.weights)
-        peak = max([sum(p) for p in timeline], default=weights)
+        peak = most_together(self.table, weights)
         kernels = dict(routed.routed)
         estimate = RunEstimate(
             batch=s.batch, context=s.context, prompt_tokens=s.context, encoder_tokens=None, weight_bytes=weights,
@@ -440,7 +439,7 @@ class _DryRun:
             not_covered=["no cache: this model does not generate; one forward at batch x context"],
             seconds=time.perf_counter() - started,
         )  # fmt: skip
-        return TrackedRun(estimate, timeline, list(track.devices))
+        return TrackedRun(estimate, self.table, list(track.devices))
 
 
 _MODULES: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
@@ -458,11 +457,19 @@ def op_budget(model: Any) -> int:
     return max(MIN_OPS, OPS_PER_MODULE * modules(model))
 
 
-def padded(timeline: list[tuple[int, ...]], devices: int) -> list[tuple[int, ...]]:
-    """Every point with a figure for every device (a device first seen mid-run was 0 before)."""
-    if all(len(p) == devices for p in timeline):
-        return timeline
-    return [p + (0,) * (devices - len(p)) for p in timeline]
+def table(timeline: list[tuple[int, ...]], devices: int) -> Any:
+    """The tracker's timeline as an int64 tensor, one row per op, a column per device (a device first seen mid-run
+    was 0 before)."""
+    import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
+
+    if not all(len(p) == devices for p in timeline):
+        timeline = [p + (0,) * (devices - len(p)) for p in timeline]
+    return torch.tensor(timeline, dtype=torch.int64).reshape(-1, devices)
+
+
+def most_together(points: Any, default: int) -> int:
+    """The highest total of every device at one op of a stretch of a table (``default`` for an empty one)."""
+    return int(points.sum(dim=1).max()) if len(points) else default
 
 
 # Per model object (weakly: a model that is gone takes its results with it; id() would be reused by the next one).

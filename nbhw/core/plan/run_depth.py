@@ -261,41 +261,43 @@ def added_bytes(created: list[CacheLayer], shallow: Shallow, devices: list[Hasha
 
 
 def widen_timeline(
-    timeline: list[tuple[int, ...]],
+    table: Any,
     starts: list[int],
     split: int,
     shallow: Shallow,
     extra: tuple[int, ...],
     *,
     made: tuple[int, tuple[int, ...]],
-) -> tuple[list[tuple[int, ...]], int]:
+) -> tuple[Any, int]:
     """The full-depth timeline (and the decode step's first index in it) from the recorded one.
 
-    ``starts``: the op index each recorded layer started at, prefill then decode; ``extra``: the missing layers'
+    ``table``: the recorded timeline, an int64 tensor with a row per op and a column per device (the result is one
+    too); ``starts``: the op index each recorded layer started at, prefill then decode; ``extra``: the missing layers'
     weights per device (held from the start); ``made``: the op index right after the cache was made and what the
     missing layers' cache layers hold from then on, per device (their allocations are not replayed one by one: the
     full run's timeline has those few points more, at the same figures).
     """
+    import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
+
     k = shallow.layers
     if len(starts) != 2 * k or not (starts[k - 1] < split <= starts[k]):
         raise NotRepeating("the decoder layers did not run once each in the prefill and the decode step")
-    inserts = [(made[0], made[0], made[1], 1)]
+    inserts = [(made[0], made[0], torch.tensor(made[1], dtype=torch.int64), 1)]
     for phase in (starts[:k], starts[k:]):
         for stretch in shallow.stretches:
             if stretch.copies:
-                inserts.append(_period(timeline, phase, stretch))
-    out: list[tuple[int, ...]] = []
-    shift, cursor, moved = extra, 0, 0
-    for at, start, step, copies in sorted(inserts):
-        out += _lifted(timeline[cursor:at], shift)
-        for q in range(1, copies + 1):
-            out += _lifted(timeline[start:at], _plus(shift, tuple(q * s for s in step)))
-        shift = _plus(shift, tuple(copies * s for s in step))
+                inserts.append(_period(table, phase, stretch))
+    pieces, shift, cursor, moved = [], torch.tensor(extra, dtype=torch.int64), 0, 0
+    for at, start, step, copies in sorted(inserts, key=operator.itemgetter(0, 1)):
+        pieces.append(table[cursor:at] + shift)
+        lifts = torch.arange(1, copies + 1, dtype=torch.int64).view(-1, 1, 1) * step  # copy q: q steps higher
+        pieces.append((table[start:at].unsqueeze(0) + shift + lifts).reshape(-1, table.shape[1]))
+        shift = shift + copies * step
         if at <= split:
             moved += copies * (at - start)
         cursor = at
-    out += _lifted(timeline[cursor:], shift)
-    return out, split + moved
+    pieces.append(table[cursor:] + shift)
+    return torch.cat(pieces), split + moved
 
 
 def widen_counts(counts: dict[str, int], at_starts: list[dict[str, int]], shallow: Shallow) -> dict[str, int]:
@@ -311,30 +313,13 @@ def widen_counts(counts: dict[str, int], at_starts: list[dict[str, int]], shallo
     return out
 
 
-def _period(
-    timeline: list[tuple[int, ...]], phase: list[int], stretch: Stretch
-) -> tuple[int, int, tuple[int, ...], int]:
+def _period(table: Any, phase: list[int], stretch: Stretch) -> tuple[int, int, Any, int]:
     """(insert at, period start, step per device, copies) for one stretch in one phase; checked to repeat."""
     j = stretch.first + _FIRST_MIDDLE
     a, b, c = phase[j], phase[j + 1], phase[j + 2]
-    if b - a != c - b or c > len(timeline):
+    if b - a != c - b or c > len(table):
         raise NotRepeating("the middle decoder layers do not repeat exactly")
-    step = _minus(timeline[b], timeline[a])
-    for d in range(b - a):
-        if _minus(timeline[b + d], timeline[a + d]) != step:
-            raise NotRepeating("the middle decoder layers do not repeat exactly")
+    step = table[b] - table[a]
+    if not bool((table[b:c] - table[a:b] == step).all()):
+        raise NotRepeating("the middle decoder layers do not repeat exactly")
     return c, b, step, stretch.copies
-
-
-def _lifted(points: list[tuple[int, ...]], by: tuple[int, ...]) -> list[tuple[int, ...]]:
-    if not any(by):
-        return points
-    return [tuple(map(operator.add, p, by)) for p in points]
-
-
-def _plus(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(x + y for x, y in zip(a, b, strict=True))
-
-
-def _minus(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(x - y for x, y in zip(a, b, strict=True))

@@ -3,8 +3,6 @@ figures, the sizes it was asked, and its per-op timeline (what the searches of :
 
 from __future__ import annotations
 
-import array
-import itertools
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,20 +106,19 @@ class Sizes:
 
 
 class TrackedRun:
-    """A dry run's figures and its timeline: every op's bytes on each device, kept flat in an int64 array (a 70B
-    search keeps about a hundred runs of ~16,000 ops: as tuples of ints they took ~450 MB, here ~60 MB)."""
+    """A dry run's figures and its timeline: every op's bytes on each device, an int64 tensor with a row per op (a
+    70B search keeps about a hundred runs of ~16,000 ops: as tuples of ints they took ~450 MB, here ~60 MB)."""
 
-    def __init__(self, estimate: RunEstimate, timeline: list[tuple[int, ...]], devices: list[Hashable]) -> None:
+    def __init__(self, estimate: RunEstimate, table: Any, devices: list[Hashable]) -> None:
         self.estimate, self.devices = estimate, devices
-        self.points = array.array("q", itertools.chain.from_iterable(timeline))
+        self.table = table  # torch.Tensor, ops x devices
 
     @property
     def ops(self) -> int:
         """How many ops the timeline has."""
-        return len(self.points) // len(self.devices) if self.devices else 0
+        return len(self.table)
 
     @property
     def timeline(self) -> list[tuple[int, ...]]:
         """Per op, the bytes on each device (in ``devices``' order)."""
-        n, points = len(self.devices), self.points
-        return [tuple(points[i : i + n]) for i in range(0, len(points), n)] if n else []
+        return [tuple(row) for row in self.table.tolist()]

@@ -8,7 +8,6 @@ a dry run at the next size up.
 
 from __future__ import annotations
 
-import array
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, replace
@@ -38,8 +37,8 @@ def _over(run: TrackedRun, limits: dict[Hashable, int]) -> Any:
     columns = [i for i, d in enumerate(run.devices) if d in limits]
     if not columns:
         return torch.full((1,), -1.0, dtype=torch.float64)
-    points = torch.frombuffer(run.points or array.array("q", [0] * len(run.devices)), dtype=torch.int64)
-    table = points.view(-1, len(run.devices)).to(torch.float64)[:, columns]
+    points = run.table if len(run.table) else torch.zeros(1, len(run.devices), dtype=torch.int64)
+    table = points.to(torch.float64)[:, columns]
     return (table - torch.tensor([float(limits[run.devices[i]]) for i in columns], dtype=torch.float64)).flatten()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 
 from nbhw.core.hf.depth import decoder_stack
 from nbhw.core.plan import run, run_depth, run_parts
@@ -106,10 +107,10 @@ def test_periods_that_do_not_repeat_are_refused() -> None:
     stretch = run_depth.Stretch(first=0, layers=8, device="cpu")
     shallow = run_depth.Shallow(model=None, device_map={}, stretches=[stretch], added_weights={}, kept_work=())
     starts = [0, 2, 4, 6, 8, 10, 12, 14, 16, 18]
-    timeline = [(v,) for v in [1, 2, 3, 4, 5, 9, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]
+    timeline = torch.tensor([[v] for v in [1, 2, 3, 4, 5, 9, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]])
     with pytest.raises(run_depth.NotRepeating):
         run_depth.widen_timeline(timeline, starts, 10, shallow, (0,), made=(0, (0,)))
-    steady = [(v,) for v in range(20)]
+    steady = torch.arange(20).view(-1, 1)
     widened, split = run_depth.widen_timeline(steady, starts, 10, shallow, (0,), made=(0, (0,)))
     assert len(widened) == 20 + 2 * 3 * 2 and split == 10 + 3 * 2
 

@@ -1,0 +1,104 @@
+"""The first ``nbhw.fit`` a user meets: CPU seconds of the first call in a fresh process, after importing torch and
+transformers, for the three requests of issue 34, against the code of :data:`BASELINE` (the commit before this
+work) in the same run: its ``nbhw`` package is extracted from git and put first on the path of a child process.
+
+Each measure is its own fresh process with no dry run kept on disk (``NBHW_HOME`` a new folder); "second kernel"
+is one more fresh process that finds the first one's recordings on disk. Both codes must give the same answer:
+the whole text of the answer (its cell, the rejected options with their reasons, the nearest changes), less the
+line that says how long it took.
+
+``python -m benchmarks.bench --only coldfit`` prints it; ``python -m benchmarks.bench_cold_fit`` too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from io import BytesIO
+from pathlib import Path
+
+BASELINE = "6f1f0a8"  # main before the shared recordings, the tensor timelines and the kept dry runs
+ROOT = Path(__file__).resolve().parents[1]
+CASES = {
+    "8B at 8k on T4": ("Llama-3.1-8B", {"context": 8192, "target": "T4"}),
+    "70B at 32k on 2 x 24 GiB + 128 GiB CPU": (
+        "Llama-3.1-70B",
+        {"context": 32768, "max_memory": {0: "24GiB", 1: "24GiB", "cpu": "128GiB"}},
+    ),
+    "train 8B on T4 at 2k": ("Llama-3.1-8B", {"task": "train", "target": "T4", "context": 2048}),
+}
+HEADERS = ("request", "baseline CPU s", "now CPU s", "ratio", "second kernel s", "same answer")
+TARGET_SECONDS = 10.0
+
+# The child: imports first (not measured), then the first call; prints the figures and the answer as JSON.
+CHILD = """
+import json, sys, tempfile, time
+from pathlib import Path
+import torch, transformers  # noqa: F401
+sys.path.append(sys.argv[1])
+from tests.support import published
+import nbhw
+name, values = sys.argv[2], json.loads(sys.argv[3])
+if "max_memory" in values:
+    values["max_memory"] = {int(k) if k.isdigit() else k: v for k, v in values["max_memory"].items()}
+folder = published.folder(name, Path(tempfile.mkdtemp()))
+started = time.process_time()
+result = nbhw.fit(folder, **values)
+seconds = time.process_time() - started
+shown = [line for line in result.text().splitlines() if not line.strip().startswith("planned ")]
+print(json.dumps({"seconds": seconds, "headline": result.headline().replace(folder, "MODEL"),
+                  "text": "\\n".join(shown).replace(folder, "MODEL")}))
+"""
+
+
+@dataclass
+class Measured:
+    seconds: float
+    headline: str
+    text: str
+
+
+def baseline_tree() -> Path:
+    """The BASELINE commit's nbhw package, extracted into a temporary folder."""
+    out = Path(tempfile.mkdtemp(prefix="nbhw-baseline-"))
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", BASELINE, "nbhw"], check=True, capture_output=True)
+    with tarfile.open(fileobj=BytesIO(archive.stdout)) as tar:
+        tar.extractall(out, filter="data")
+    return out
+
+
+def first_call(name: str, values: dict[str, object], *, code: Path | None, home: Path) -> Measured:
+    """One fresh process: the first fit of ``name`` with ``values`` (``code``: a tree whose nbhw comes first)."""
+    env = dict(os.environ, NBHW_HOME=str(home), PYTHONPATH=str(code) if code else os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), name, json.dumps(values)],
+                          env=env, cwd=ROOT, capture_output=True, text=True, check=False)  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-2000:])
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    return Measured(found["seconds"], found["headline"], found["text"])
+
+
+def measure() -> list[list[str]]:
+    old = baseline_tree()
+    rows = []
+    for label, (name, values) in CASES.items():
+        before = first_call(name, values, code=old, home=Path(tempfile.mkdtemp()))
+        home = Path(tempfile.mkdtemp())
+        now = first_call(name, values, code=None, home=home)
+        again = first_call(name, values, code=None, home=home)  # a second kernel: the recordings are on disk
+        same = now.headline == before.headline and now.text == before.text == again.text
+        rows.append([label, f"{before.seconds:.1f}", f"{now.seconds:.1f}", f"{now.seconds / before.seconds:.2f}x",
+                     f"{again.seconds:.1f}", "yes" if same else f"NO: {before.headline} / {now.headline}"])  # fmt: skip
+    return rows
+
+
+if __name__ == "__main__":
+    from nbhw.core.render import text_table
+
+    print(f"nbhw.fit, first call in a fresh process (CPU seconds), against {BASELINE} in the same run")
+    print(text_table(HEADERS, measure(), indent="  "))

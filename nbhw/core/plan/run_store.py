@@ -1,0 +1,114 @@
+"""Dry-run recordings kept on disk between kernels: the second kernel that plans the same model is warm.
+
+A recording (:class:`nbhw.core.plan.run.Recording`) is what the tracker saw of generate()'s prefill and decode step
+on a few-layer model: the costly part of a plan. It is kept under a key of everything it depends on: the meta
+model's build (its config with every value, the Auto class, the dtype and the attention implementation), the sizes
+of the run, the recorded layers, and the versions of nbhw (with a digest of its dry-run code), torch, transformers
+and kernels. A model nbhw did not build itself (a test's own, a user's object) has no fingerprint and is never
+stored. A new release of any of those libraries reads nothing written by the old one.
+
+The folder is ``$NBHW_HOME/dry-runs`` (default ``~/.cache/nbhw/dry-runs``); ``NBHW_KEEP_DRY_RUNS=0`` keeps
+nothing. Files are pickles nbhw wrote in your own cache folder: one that can't be read (torn, another version's)
+is ignored and written again. The folder keeps the newest :data:`MOST_FILES`.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+import os
+import pickle
+import weakref
+from collections.abc import Hashable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+MOST_FILES = 4096  # about 0.1 MB each: a 70B search with its nearest changes writes ~130
+PRUNE_EVERY = 64  # writes between two counts of the folder
+_FINGERPRINTS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+_WRITES = itertools.count(1)
+
+
+def folder() -> Path | None:
+    """Where recordings are kept: ``$NBHW_HOME/dry-runs`` (default ``~/.cache/nbhw``, where the tiny model lives
+    too); None when ``NBHW_KEEP_DRY_RUNS=0``."""
+    if os.environ.get("NBHW_KEEP_DRY_RUNS", "").strip().lower() in ("0", "off", "no", "false"):
+        return None
+    home = os.environ.get("NBHW_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "nbhw")
+    return Path(home) / "dry-runs"
+
+
+@functools.cache
+def versions() -> str:
+    """The libraries whose code a recording ran (a new release of any of them is a different key; read once: what
+    this process imported)."""
+    found = []
+    for name in ("nbhw", "torch", "transformers", "kernels"):
+        try:
+            found.append(f"{name}={metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            found.append(f"{name}=absent")
+    return ",".join(found) + f",code={_code()}"
+
+
+def _code() -> str:
+    """A digest of nbhw's own dry-run code (a change between two commits of one version reads nothing old)."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted([*root.glob("hf/*.py"), *root.glob("plan/*.py")]):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def remember_build(model: Any, *parts: str | None) -> None:
+    """Note what a meta model was built from (the build's own key), so that its recordings can be kept on disk."""
+    _FINGERPRINTS[model] = repr(parts)
+
+
+def _path(model: Any, key: Hashable) -> Path | None:
+    where, built = folder(), _FINGERPRINTS.get(model)
+    if where is None or built is None:
+        return None
+    digest = hashlib.sha256(repr((versions(), built, key)).encode()).hexdigest()
+    return where / f"{digest}.pickle"
+
+
+def load(model: Any, key: Hashable) -> Any | None:
+    """The recording kept for this model and key, or None (none kept, not a model nbhw built, unreadable)."""
+    path = _path(model, key)
+    if path is None or not path.is_file():
+        return None
+    try:
+        with path.open("rb") as f:
+            return pickle.load(f)
+    except Exception:  # torn or from another version: it is written again
+        return None
+
+
+def save(model: Any, key: Hashable, recording: Any) -> None:
+    """Keep a recording for the next kernel (quietly nothing when the folder can't be written)."""
+    path = _path(model, key)
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.partial")
+        with partial.open("wb") as f:
+            pickle.dump(recording, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(partial, path)
+    except OSError:
+        return
+    if next(_WRITES) % PRUNE_EVERY == 0:
+        prune(path.parent)
+
+
+def prune(where: Path, most: int = MOST_FILES) -> None:
+    """Keep the newest ``most`` recordings of the folder."""
+    try:
+        files = sorted(where.glob("*.pickle"), key=lambda p: p.stat().st_mtime)
+        for old in files[: max(len(files) - most, 0)]:
+            old.unlink(missing_ok=True)
+    except OSError:
+        return
