@@ -474,6 +474,9 @@ def panel_lines(found: list[Any]) -> list[Line]:
 
 
 def main() -> int:
+    # Every figure here is of dry runs made now: none read from an earlier run's $NBHW_HOME/dry-runs (the cold-fit
+    # section turns them on for its own second kernel).
+    os.environ["NBHW_KEEP_DRY_RUNS"] = "0"
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=9, help="alternating rounds per comparison (default 9)")
     parser.add_argument("--quick", action="store_true", help="3 rounds and shorter loops: a smoke run")

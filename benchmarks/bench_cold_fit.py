@@ -74,7 +74,8 @@ def baseline_tree() -> Path:
 
 def first_call(name: str, values: dict[str, object], *, code: Path | None, home: Path) -> Measured:
     """One fresh process: the first fit of ``name`` with ``values`` (``code``: a tree whose nbhw comes first)."""
-    env = dict(os.environ, NBHW_HOME=str(home), PYTHONPATH=str(code) if code else os.environ.get("PYTHONPATH", ""))
+    path = str(code) if code else os.environ.get("PYTHONPATH", "")
+    env = dict(os.environ, NBHW_HOME=str(home), NBHW_KEEP_DRY_RUNS="1", PYTHONPATH=path)
     done = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), name, json.dumps(values)],
                           env=env, cwd=ROOT, capture_output=True, text=True, check=False)  # fmt: skip
     if done.returncode != 0:

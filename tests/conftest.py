@@ -52,6 +52,9 @@ def pytest_configure(config: pytest.Config) -> None:
     Under pytest-xdist each worker makes its own (the controller's, inherited, would be shared by workers that build
     the tiny model at the same time)."""
     _share_the_cores()
+    # Dry runs kept on disk would carry one test's patched boundary into another's plan: the suite keeps none
+    # (tests/core/plan/test_run_store.py turns it on for itself).
+    os.environ["NBHW_KEEP_DRY_RUNS"] = "0"
     made = os.environ.get("NBHW_TEST_HOME_MADE")
     if os.environ.get("PYTEST_XDIST_WORKER") and made and os.environ.get("NBHW_HOME") == made:
         del os.environ["NBHW_HOME"]

@@ -39,6 +39,7 @@ def test_a_new_kernel_reads_the_dry_runs_an_earlier_one_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recorded: list[Any]
 ) -> None:
     monkeypatch.setenv("NBHW_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("NBHW_KEEP_DRY_RUNS", "1")  # the suite keeps none (conftest)
     model = published.folder("Llama-3.1-8B", tmp_path)
     new_kernel()
     first = planned(model)
