@@ -46,12 +46,12 @@ import nbhw
 name, values = sys.argv[2], json.loads(sys.argv[3])
 if "max_memory" in values:
     values["max_memory"] = {int(k) if k.isdigit() else k: v for k, v in values["max_memory"].items()}
-folder = published.folder(name, Path(tempfile.mkdtemp()))
+folder = published.folder(name, Path(tempfile.gettempdir()) / "nbhw-cold-fit")  # one path: a second kernel's
 started = time.process_time()
 result = nbhw.fit(folder, **values)
 seconds = time.process_time() - started
 shown = [line for line in result.text().splitlines() if not line.strip().startswith("planned ")]
-print(json.dumps({"seconds": seconds, "headline": result.headline().replace(folder, "MODEL"),
+print(json.dumps({"code": nbhw.__file__, "seconds": seconds, "headline": result.headline().replace(folder, "MODEL"),
                   "text": "\\n".join(shown).replace(folder, "MODEL")}))
 """
 
@@ -76,11 +76,15 @@ def first_call(name: str, values: dict[str, object], *, code: Path | None, home:
     """One fresh process: the first fit of ``name`` with ``values`` (``code``: a tree whose nbhw comes first)."""
     path = str(code) if code else os.environ.get("PYTHONPATH", "")
     env = dict(os.environ, NBHW_HOME=str(home), NBHW_KEEP_DRY_RUNS="1", PYTHONPATH=path)
+    # cwd: not the repository, whose nbhw would come first on the path (before PYTHONPATH's)
     done = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), name, json.dumps(values)],
-                          env=env, cwd=ROOT, capture_output=True, text=True, check=False)  # fmt: skip
+                          env=env, cwd=home, capture_output=True, text=True, check=False)  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-2000:])
     found = json.loads(done.stdout.strip().splitlines()[-1])
+    expected = (code or ROOT) / "nbhw"
+    if Path(found["code"]).resolve().parent != expected.resolve():
+        raise RuntimeError(f"the child ran the nbhw of {found['code']}, not of {expected}")
     return Measured(found["seconds"], found["headline"], found["text"])
 
 

@@ -19,6 +19,7 @@ import hashlib
 import itertools
 import os
 import pickle
+import re
 import weakref
 from collections.abc import Hashable
 from importlib import metadata
@@ -63,8 +64,12 @@ def _code() -> str:
 
 
 def remember_build(model: Any, *parts: str | None) -> None:
-    """Note what a meta model was built from (the build's own key), so that its recordings can be kept on disk."""
-    _FINGERPRINTS[model] = repr(parts)
+    """Note what a meta model was built from (the build's own key), so that its recordings can be kept on disk:
+    where its config was read from is left out (the same config in another folder builds the same model)."""
+    _FINGERPRINTS[model] = _FROM.sub("", repr(parts))
+
+
+_FROM = re.compile(r'\\?"_name_or_path\\?": \\?"[^"\\]*\\?",? ?')
 
 
 def _path(model: Any, key: Hashable) -> Path | None:

@@ -48,6 +48,9 @@ def test_a_new_kernel_reads_the_dry_runs_an_earlier_one_kept(
 
     new_kernel()
     assert planned(model) == first and len(recorded) == 1  # read from disk, not run
+    elsewhere = published.folder("Llama-3.1-8B", tmp_path / "elsewhere")
+    new_kernel()
+    assert planned(elsewhere) == first and len(recorded) == 1  # the same config in another folder: the same model
 
     kept[0].write_bytes(b"torn")  # an unreadable file is run again, and written again
     new_kernel()
