@@ -136,9 +136,10 @@ class _DryRun:
         if self.shallow is not None:
             model, self.device_map = self.shallow.model, self.shallow.device_map
         self.model, self.dev = model, model.device
-        self.tracker = dryrun.tracker(device_labels(self.device_map), max_ops=op_budget(self.full))
-        dryrun.track_weights(self.tracker, model, self.device_map)
-        self.weights = list(self.tracker.totals)
+        self.tracker: Any = None  # made when generate() runs: a recording read back needs none
+        self.weights: list[int] = []  # per device, the weights the tracker counted before the run
+        self.devices: list[Hashable] = []  # the tracker's devices, and per device the largest block, once run
+        self.largest: list[int] = []
         self.starts: list[int] = []  # the op index each recorded decoder layer started at (a shallow run)
         self.routed_at: list[dict[str, int]] = []  # and the attention kernels counted by then
         self.created: tuple[int, list[run_depth.CacheLayer] | None] = (0, None)  # op index, cache layers as made
@@ -283,8 +284,16 @@ class _DryRun:
             return None
         return replace(self.sizes, device_map=tuple(self.device_map.items())), self.shallow.kept_work
 
+    def _new_tracker(self) -> Any:
+        """A tracker for this run's devices, with the (few-layer) model's weights counted on theirs."""
+        self.tracker = dryrun.tracker(device_labels(self.device_map), max_ops=op_budget(self.full))
+        dryrun.track_weights(self.tracker, self.model, self.device_map)
+        self.weights = list(self.tracker.totals)
+        return self.tracker
+
     def _record(self) -> Recording:
         """generate()'s prefill and decode step under the tracker, before any widening."""
+        self._new_tracker()
         try:
             with self._measured() as routed:
                 found = self.generate()
@@ -303,8 +312,7 @@ class _DryRun:
 
     def _replay(self, recorded: Recording) -> tuple[dict[str, Any], dict[str, int]]:
         """This run's state as the recording left it (each run widens its own copies)."""
-        track = self.tracker
-        self.table, track.devices, track.largest = recorded.table, list(recorded.devices), list(recorded.largest)
+        self.table, self.devices, self.largest = recorded.table, list(recorded.devices), list(recorded.largest)
         self.weights, self.starts, self.routed_at = (
             list(recorded.weights),
             list(recorded.starts),
@@ -331,14 +339,14 @@ class _DryRun:
     def _widen(self, found: dict[str, Any]) -> None:
         """The shallow run's figures at the full model's depth: timeline, weights, cache (see run_depth)."""
         assert self.shallow is not None
-        track = self.tracker
+        devices = self.devices
         before, after = found.pop("layers"), found.pop("decode_layers")
         created_at, created = self.created
         if before is None or after is None or created is None:
             raise run_depth.NotRepeating("no per-layer cache made before the prefill")
-        weights = self.weights + [0] * (len(track.devices) - len(self.weights))
-        extra = tuple(self.shallow.added_weights.get(d, 0) for d in track.devices)
-        made = (created_at, run_depth.added_bytes(created, self.shallow, track.devices))
+        weights = self.weights + [0] * (len(devices) - len(self.weights))
+        extra = tuple(self.shallow.added_weights.get(d, 0) for d in devices)
+        made = (created_at, run_depth.added_bytes(created, self.shallow, devices))
         self.table, found["split"] = run_depth.widen_timeline(
             self.table, self.starts, found["split"], self.shallow, extra, made=made
         )
@@ -385,20 +393,19 @@ class _DryRun:
         self.routed_at.append(dict(self.routing.routed))
 
     def _per_device(self, cache_on: dict[Hashable, int], decode_on: dict[Hashable, int]) -> dict[Hashable, DeviceRun]:
-        track = self.tracker
-        n = len(track.devices)
+        n = len(self.devices)
         top = self.table.max(dim=0).values.tolist() if len(self.table) else [0] * n
         weights = self.weights + [0] * (n - len(self.weights))
         out = {}
-        for i, device in enumerate(track.devices):
+        for i, device in enumerate(self.devices):
             peak = max(top[i], weights[i])
             if peak or cache_on.get(device) or weights[i]:
                 cache, decode = cache_on.get(device, 0), decode_on.get(device, 0)
-                out[device] = DeviceRun(weights[i], cache, decode, peak, track.largest[i])
+                out[device] = DeviceRun(weights[i], cache, decode, peak, self.largest[i])
         return out
 
     def _result(self, found: dict[str, Any], kernels: dict[str, int], started: float) -> TrackedRun:
-        track, s = self.tracker, self.sizes
+        s = self.sizes
         weights = sum(self.weights)
         split = found["split"]
         prefill, decode = most_together(self.table[:split], weights), most_together(self.table[split:], 0)
@@ -413,13 +420,14 @@ class _DryRun:
             not_covered=run_notes(self.model, s.target, kernels, len(devices)) + found["cache_notes"],
             seconds=time.perf_counter() - started,
         )  # fmt: skip
-        return TrackedRun(estimate, self.table, list(track.devices))
+        return TrackedRun(estimate, self.table, list(self.devices))
 
     def _forward_only(self, started: float) -> TrackedRun:
         """Models that don't generate (encoders such as BERT): one forward at batch x context, no cache."""
         import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
 
         s = self.sizes
+        self._new_tracker()
         with self._measured() as routed:
             ids = torch.zeros(s.batch, s.context, dtype=torch.long, device=self.dev)
             mask = self._caller_mask(s.context)
@@ -427,6 +435,7 @@ class _DryRun:
             del out, ids, mask
         track = self.tracker
         self.table = table(track.timeline, len(track.devices))
+        self.devices, self.largest = list(track.devices), list(track.largest)
         weights = sum(self.weights)
         peak = most_together(self.table, weights)
         kernels = dict(routed.routed)
@@ -439,7 +448,7 @@ class _DryRun:
             not_covered=["no cache: this model does not generate; one forward at batch x context"],
             seconds=time.perf_counter() - started,
         )  # fmt: skip
-        return TrackedRun(estimate, self.table, list(track.devices))
+        return TrackedRun(estimate, self.table, list(self.devices))
 
 
 _MODULES: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()

@@ -96,18 +96,19 @@ class _Search:
         powers = torch.tensor([float(n) ** p for p in range(coeffs.shape[0] - 1, -1, -1)], dtype=torch.float64)
         return powers @ coeffs
 
-    def _largest_predicted(self, coeffs: Any) -> int:
-        """Largest n in [lo, hi] whose predicted timeline fits (peaks grow with n)."""
-        lo, hi = self.lo, self.hi
-        if self._predicted(coeffs, lo).max() > 0:
-            return lo - 1
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
+    def _largest_predicted(self, coeffs: Any, low: int | None = None, high: int | None = None) -> int:
+        """Largest n in [low, high] (default [lo, hi]) whose predicted timeline fits, low - 1 when none does (peaks
+        grow with n: a bisection over the prediction, no dry run)."""
+        low, high = self.lo if low is None else low, self.hi if high is None else high
+        if self._predicted(coeffs, low).max() > 0:
+            return low - 1
+        while low < high:
+            mid = (low + high + 1) // 2
             if self._predicted(coeffs, mid).max() <= 0:
-                lo = mid
+                low = mid
             else:
-                hi = mid - 1
-        return lo
+                high = mid - 1
+        return low
 
     def timeline_fit(self, points: list[int]) -> Fit | None:
         for _ in range(self.degree + 2):
@@ -173,16 +174,7 @@ class _Search:
         xs = torch.tensor([float(n) for n in nearest], dtype=torch.float64)
         ys = torch.tensor([float(self.seen[n].max()) for n in nearest], dtype=torch.float64)
         coeffs = torch.linalg.solve(torch.vander(xs, order + 1), ys.unsqueeze(1))
-        low, high = good + 1, bad - 1
-        if self._predicted(coeffs, low).max() > 0:
-            return low
-        while low < high:
-            mid = (low + high + 1) // 2
-            if self._predicted(coeffs, mid).max() <= 0:
-                low = mid
-            else:
-                high = mid - 1
-        return low
+        return max(self._largest_predicted(coeffs, good + 1, bad - 1), good + 1)
 
 
 def _matches(predicted: Any, measured: Any) -> bool:
