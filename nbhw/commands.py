@@ -197,6 +197,11 @@ class CommandParser(Parser):
                 _add(self, a)
         return self
 
+    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:  # argparse's own overloads, passed through
+        """argparse parses a subcommand's words with this: they are added first, whoever asked (the top parser's
+        parse_args, :func:`parse`, a test)."""
+        return super(CommandParser, self.with_arguments()).parse_known_args(*args, **kwargs)
+
 
 def _help(text: str) -> str:
     return text.replace("%", "%%")  # argparse %-formats help ("%hw" would be a format)
@@ -279,10 +284,7 @@ def options(p: argparse.ArgumentParser) -> list[str]:
 
 def parse(top: Parser, argv: Sequence[str]) -> argparse.Namespace:
     """Parse, turning every mistake into one UserError line that names the valid words."""
-    named = next((word for word in argv if not word.startswith("-")), None)
-    if named in BY_NAME:
-        subparser(top, named)  # the words of the command the line names, and no other's
-    args, extra = top.parse_known_args(list(argv))
+    args, extra = top.parse_known_args(list(argv))  # the words of the command the line names, and no other's
     if extra:
         command = getattr(args, "command", None)
         sub = subparser(top, command) if command else None

@@ -11,6 +11,7 @@ out, which misses bitsandbytes' 4-bit absmax by about 7 %). Every figure says wh
 from __future__ import annotations
 
 import copy
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,6 +96,9 @@ class SizingQuantizer:
         self.scales: set[str] = set()
         self.errors: list[str] = []  # kept for the plan, which reports the device_map checks transformers makes
         self._skip: list[str] | None = None
+        # per model (by id, with a weak reference that says it is still that model), the answer for each parameter:
+        # transformers sizes a model three times for one placement
+        self._needs: dict[int, tuple[weakref.ref[Any], dict[str, bool]]] = {}
 
     def _element_size(self) -> tuple[float | None, str]:
         try:
@@ -125,6 +129,15 @@ class SizingQuantizer:
         return self._skip
 
     def param_needs_quantization(self, model: Any, param_name: str, **kwargs: Any) -> bool:
+        ref, known = self._needs.get(id(model), (None, {}))
+        if ref is None or ref() is not model:
+            known = {}
+            self._needs[id(model)] = (weakref.ref(model), known)
+        if param_name not in known:
+            known[param_name] = self._needs_quantization(model, param_name)
+        return known[param_name]
+
+    def _needs_quantization(self, model: Any, param_name: str) -> bool:
         import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
         from transformers.pytorch_utils import Conv1D  # lazy: import nbhw and %load_ext nbhw stay free of transformers
 
