@@ -181,3 +181,19 @@ def test_an_old_word_still_works_as_an_alias() -> None:
             commands.cli_parser(), ["load", new, *(["4bit"] if "quant" in new else ["sdpa"] if "attn" in new else [])]
         )
         assert vars(a) == vars(b), (old, new)
+
+
+@pytest.mark.parametrize("surface", ["magic", "cli"])
+def test_a_new_parser_takes_every_commands_words_however_it_is_called(surface: commands.Surface) -> None:
+    """A command's words are added when argparse parses that command, whoever calls it: argparse's own parse_args on a
+    parser nothing has used yet took none of them (each test here once ran on a parser an earlier test had used)."""
+    for command in commands.COMMANDS:
+        fresh = commands.parser.__wrapped__(surface)  # not the cached one: no command parsed yet
+        declared = [a for a in command.takes(surface) if not a.positional]
+        if not declared:
+            continue
+        positional = ["MODEL"] if any(a.positional for a in command.takes(surface)) else []
+        switch = next((a for a in declared if a.kind in ("switch", "toggle")), None)
+        words = [switch.option] if switch is not None else []
+        args = fresh.parse_args([command.name, *positional, *words])
+        assert all(hasattr(args, a.name) for a in declared), command.name
