@@ -22,18 +22,26 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import os
 import threading
 import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from nbhw.core.hf import depth, dryrun, meta_build, offloading, values
 from nbhw.core.plan import run_depth, run_store
-from nbhw.core.plan.run_figures import ONE_DEVICE, DeviceRun, DryRunError, RunEstimate, Sizes, TrackedRun
+from nbhw.core.plan.run_figures import (
+    DeviceRun,
+    DryRunError,
+    RunEstimate,
+    Sizes,
+    TrackedRun,
+    most_together,
+    sizes,
+    table,
+)
 from nbhw.core.plan.run_parts import (
     apply_dtype_plan,
     attention_mask,
@@ -46,6 +54,7 @@ from nbhw.core.plan.run_parts import (
     generation_config,
     layer_classes,
     new_cache,
+    no_value_checks,
     run_notes,
     state_tensors,
 )
@@ -62,64 +71,9 @@ MIN_OPS = 30_000
 LOOP_OPS_PER_MODULE = 60
 
 
-_DISABLE_CHECKS = "TRANSFORMERS_DISABLE_TORCH_CHECK"
-
-
-# One dry run at a time in a process: the env switch below is process-wide, and a dry run hooks the shared meta model.
+# One dry run at a time in a process: the env switch of run_parts.no_value_checks is process-wide, and a dry run hooks
+# the shared meta model.
 run_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def _no_value_checks() -> Iterator[None]:
-    """transformers' ``torch_compilable_check`` compares tensor values (image tokens vs features): meta has none.
-
-    transformers documents TRANSFORMERS_DISABLE_TORCH_CHECK=1 to skip those checks; it is read at call time, so it
-    is set only for the dry run (process-wide: a concurrent real forward skips its checks for that long).
-    """
-    old = os.environ.get(_DISABLE_CHECKS)
-    os.environ[_DISABLE_CHECKS] = "1"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(_DISABLE_CHECKS, None)
-        else:
-            os.environ[_DISABLE_CHECKS] = old
-
-
-@dataclass(frozen=True)
-class Recording:
-    """What the tracker saw of one dry run's prefill and decode step, before it is widened to the model's depth."""
-
-    found: dict[str, Any]  # generate()'s figures (see _DryRun.generate)
-    table: Any  # torch.Tensor: per op, every device's total (see table())
-    devices: tuple[Hashable, ...]
-    largest: tuple[int, ...]
-    weights: tuple[int, ...]
-    starts: tuple[int, ...]
-    routed_at: tuple[dict[str, int], ...]
-    created: tuple[int, list[run_depth.CacheLayer] | None]
-    kernels: dict[str, int]
-
-
-# Per full model (weakly), the recordings of its shallow runs, shared by every device_map they stand for.
-_RECORDINGS: weakref.WeakKeyDictionary[Any, OrderedDict[Hashable, Recording]] = weakref.WeakKeyDictionary()
-RECORDING_CACHE_SIZE = 64  # per model
-
-
-def _recorded(model: Any, key: Hashable) -> Recording | None:
-    kept = _RECORDINGS.get(model)
-    if kept is None or key not in kept:
-        return None
-    kept.move_to_end(key)
-    return kept[key]
-
-
-def _keep_recording(model: Any, key: Hashable, recorded: Recording) -> None:
-    kept = _RECORDINGS.setdefault(model, OrderedDict())
-    kept[key] = recorded
-    while len(kept) > RECORDING_CACHE_SIZE:
-        kept.popitem(last=False)
 
 
 class _DryRun:
@@ -257,16 +211,11 @@ class _DryRun:
         if not self.model.can_generate():
             return self._forward_only(started)
         key = self._recording_key()
-        recorded = _recorded(self.full, key) if key is not None else None
-        if recorded is None and key is not None:
-            recorded = run_store.load(self.full, key)  # kept by an earlier kernel
-            if recorded is not None:
-                _keep_recording(self.full, key, recorded)
+        recorded = run_store.recorded(self.full, key) if key is not None else None
         if recorded is None:
             recorded = self._record()
             if key is not None:
-                _keep_recording(self.full, key, recorded)
-                run_store.save(self.full, key, recorded)
+                run_store.keep(self.full, key, recorded)
         found, kernels = self._replay(recorded)
         if self.shallow is not None:
             try:
@@ -291,7 +240,7 @@ class _DryRun:
         self.weights = list(self.tracker.totals)
         return self.tracker
 
-    def _record(self) -> Recording:
+    def _record(self) -> run_store.Recording:
         """generate()'s prefill and decode step under the tracker, before any widening."""
         self._new_tracker()
         try:
@@ -306,11 +255,12 @@ class _DryRun:
         except Exception as exc:
             raise DryRunError(self._failure(exc)) from exc
         track = self.tracker
-        return Recording(found, table(track.timeline, len(track.devices)), tuple(track.devices), tuple(track.largest),
-                         tuple(self.weights), tuple(self.starts), tuple(self.routed_at), self.created,
-                         dict(routed.routed))  # fmt: skip
+        timeline = table(track.timeline, len(track.devices))
+        return run_store.Recording(found, timeline, tuple(track.devices), tuple(track.largest), tuple(self.weights),
+                                   tuple(self.starts), tuple(self.routed_at), self.created,
+                                   dict(routed.routed))  # fmt: skip
 
-    def _replay(self, recorded: Recording) -> tuple[dict[str, Any], dict[str, int]]:
+    def _replay(self, recorded: run_store.Recording) -> tuple[dict[str, Any], dict[str, int]]:
         """This run's state as the recording left it (each run widens its own copies)."""
         self.table, self.devices, self.largest = recorded.table, list(recorded.devices), list(recorded.largest)
         self.weights, self.starts, self.routed_at = (
@@ -360,7 +310,7 @@ class _DryRun:
         with (
             torch.no_grad(),
             meta_build.quiet(),
-            _no_value_checks(),
+            no_value_checks(),
             dryrun.attention_as_on(self.sizes.target) as routed,
             dryrun.placed(self.model, self.device_map, self.tracker) as first,
             self._layer_starts(),
@@ -466,21 +416,6 @@ def op_budget(model: Any) -> int:
     return max(MIN_OPS, OPS_PER_MODULE * modules(model))
 
 
-def table(timeline: list[tuple[int, ...]], devices: int) -> Any:
-    """The tracker's timeline as an int64 tensor, one row per op, a column per device (a device first seen mid-run
-    was 0 before)."""
-    import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
-
-    if not all(len(p) == devices for p in timeline):
-        timeline = [p + (0,) * (devices - len(p)) for p in timeline]
-    return torch.tensor(timeline, dtype=torch.int64).reshape(-1, devices)
-
-
-def most_together(points: Any, default: int) -> int:
-    """The highest total of every device at one op of a stretch of a table (``default`` for an empty one)."""
-    return int(points.sum(dim=1).max()) if len(points) else default
-
-
 # Per model object (weakly: a model that is gone takes its results with it; id() would be reused by the next one).
 _RESULTS: weakref.WeakKeyDictionary[Any, OrderedDict[Sizes, TrackedRun]] = weakref.WeakKeyDictionary()
 
@@ -513,33 +448,7 @@ def clear_results() -> None:
     with _RESULTS_LOCK:
         _RESULTS.clear()
     with run_lock:
-        _RECORDINGS.clear()
-
-
-def sizes(
-    batch: int,
-    context: int,
-    *,
-    prompt_tokens: int | None = None,
-    encoder_tokens: int | None = None,
-    target: str = "cuda",
-    generation: dict[str, Any] | None = None,
-    inputs: dict[str, Any] | None = None,
-    device_map: dict[str, Hashable] | None = None,
-    padding: str = "none",
-) -> Sizes:
-    """The Sizes of a run (prompt defaults to context - 1; device_map to the whole model on one device)."""
-    return Sizes(
-        batch=batch,
-        context=context,
-        prompt=context - 1 if prompt_tokens is None else prompt_tokens,
-        encoder_tokens=encoder_tokens,
-        target=target,
-        generation=tuple(sorted((generation or {}).items())),
-        inputs=tuple(sorted((inputs or {}).items())),
-        device_map=tuple(device_map.items()) if device_map else ONE_DEVICE,
-        padding=padding,
-    )
+        run_store.forget()
 
 
 def run_estimate(

@@ -122,3 +122,44 @@ class TrackedRun:
     def timeline(self) -> list[tuple[int, ...]]:
         """Per op, the bytes on each device (in ``devices``' order)."""
         return [tuple(row) for row in self.table.tolist()]
+
+
+def table(timeline: list[tuple[int, ...]], devices: int) -> Any:
+    """The tracker's timeline as an int64 tensor, one row per op, a column per device (a device first seen mid-run
+    was 0 before)."""
+    import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
+
+    if not all(len(p) == devices for p in timeline):
+        timeline = [p + (0,) * (devices - len(p)) for p in timeline]
+    return torch.tensor(timeline, dtype=torch.int64).reshape(-1, devices)
+
+
+def most_together(points: Any, default: int) -> int:
+    """The highest total of every device at one op of a stretch of a table (``default`` for an empty one)."""
+    return int(points.sum(dim=1).max()) if len(points) else default
+
+
+def sizes(
+    batch: int,
+    context: int,
+    *,
+    prompt_tokens: int | None = None,
+    encoder_tokens: int | None = None,
+    target: str = "cuda",
+    generation: dict[str, Any] | None = None,
+    inputs: dict[str, Any] | None = None,
+    device_map: dict[str, Hashable] | None = None,
+    padding: str = "none",
+) -> Sizes:
+    """The Sizes of a run (prompt defaults to context - 1; device_map to the whole model on one device)."""
+    return Sizes(
+        batch=batch,
+        context=context,
+        prompt=context - 1 if prompt_tokens is None else prompt_tokens,
+        encoder_tokens=encoder_tokens,
+        target=target,
+        generation=tuple(sorted((generation or {}).items())),
+        inputs=tuple(sorted((inputs or {}).items())),
+        device_map=tuple(device_map.items()) if device_map else ONE_DEVICE,
+        padding=padding,
+    )

@@ -4,7 +4,9 @@ tokenizer's attention_mask, encoder and multimodal inputs), and the notes on wha
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+import contextlib
+import os
+from collections.abc import Hashable, Iterator
 from typing import Any
 
 from nbhw.core.hf import dryrun, meta_build, offloading
@@ -209,3 +211,24 @@ def extra_inputs(inputs: tuple[tuple[str, Any], ...], dev: Any, dtype: Any) -> d
 def device_labels(device_map: dict[str, Hashable]) -> list[Hashable]:
     """Every device a run may count on: the device_map's values, in order, and the execution device."""
     return list(dict.fromkeys([*device_map.values(), dryrun.execution_device(device_map)]))
+
+
+_DISABLE_CHECKS = "TRANSFORMERS_DISABLE_TORCH_CHECK"
+
+
+@contextlib.contextmanager
+def no_value_checks() -> Iterator[None]:
+    """transformers' ``torch_compilable_check`` compares tensor values (image tokens vs features): meta has none.
+
+    transformers documents TRANSFORMERS_DISABLE_TORCH_CHECK=1 to skip those checks; it is read at call time, so it
+    is set only for the dry run (process-wide: a concurrent real forward skips its checks for that long).
+    """
+    old = os.environ.get(_DISABLE_CHECKS)
+    os.environ[_DISABLE_CHECKS] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(_DISABLE_CHECKS, None)
+        else:
+            os.environ[_DISABLE_CHECKS] = old

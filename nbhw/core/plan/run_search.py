@@ -13,8 +13,8 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from nbhw.core.plan.run import LOOP_OPS_PER_MODULE, modules, op_budget, sizes, tracked_run
-from nbhw.core.plan.run_figures import RunEstimate, TrackedRun
+from nbhw.core.plan.run import LOOP_OPS_PER_MODULE, modules, op_budget, tracked_run
+from nbhw.core.plan.run_figures import RunEstimate, TrackedRun, sizes
 
 NO_LIMIT = 1 << 20  # tokens, for a config that names no maximum position (relative or no position embeddings)
 

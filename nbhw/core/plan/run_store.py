@@ -1,11 +1,13 @@
-"""Dry-run recordings kept on disk between kernels: the second kernel that plans the same model is warm.
+"""Dry-run recordings kept in memory for the process, and on disk between kernels: a second kernel is warm.
 
-A recording (:class:`nbhw.core.plan.run.Recording`) is what the tracker saw of generate()'s prefill and decode step
-on a few-layer model: the costly part of a plan. It is kept under a key of everything it depends on: the meta
-model's build (its config with every value, the Auto class, the dtype and the attention implementation), the sizes
-of the run, the recorded layers, and the versions of nbhw (with a digest of its dry-run code), torch, transformers
-and kernels. A model nbhw did not build itself (a test's own, a user's object) has no fingerprint and is never
-stored. A new release of any of those libraries reads nothing written by the old one.
+A :class:`Recording` is what the tracker saw of generate()'s prefill and decode step on a few-layer model: the
+costly part of a plan. In memory it is kept per model object, under the sizes of the run on the few-layer
+device_map and the recorded layers' work: the few layers recorded on one device_map stand for every device_map
+that only moves where a stretch of like layers ends. On disk the key adds everything else it depends on: the meta
+model's build (its config with every value, the Auto class, the dtype and the attention implementation) and the
+versions of nbhw (with a digest of its dry-run code), torch, transformers and kernels. A model nbhw did not build
+itself (a test's own, a user's object) has no fingerprint and is never stored. A new release of any of those
+libraries reads nothing written by the old one.
 
 The folder is ``$NBHW_HOME/dry-runs`` (default ``~/.cache/nbhw/dry-runs``); ``NBHW_KEEP_DRY_RUNS=0`` keeps
 nothing. Files are pickles nbhw wrote in your own cache folder: one that can't be read (torn, another version's)
@@ -21,10 +23,65 @@ import os
 import pickle
 import re
 import weakref
+from collections import OrderedDict
 from collections.abc import Hashable
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from nbhw.core.plan.run_depth import CacheLayer
+
+
+@dataclass(frozen=True)
+class Recording:
+    """What the tracker saw of one dry run's prefill and decode step, before it is widened to the model's depth."""
+
+    found: dict[str, Any]  # generate()'s figures (see run._DryRun.generate)
+    table: Any  # torch.Tensor: per op, every device's total (see run_figures.table)
+    devices: tuple[Hashable, ...]
+    largest: tuple[int, ...]
+    weights: tuple[int, ...]
+    starts: tuple[int, ...]
+    routed_at: tuple[dict[str, int], ...]
+    created: tuple[int, list[CacheLayer] | None]
+    kernels: dict[str, int]
+
+
+# Per full model (weakly), the recordings of its shallow runs, shared by every device_map they stand for.
+_RECORDINGS: weakref.WeakKeyDictionary[Any, OrderedDict[Hashable, Recording]] = weakref.WeakKeyDictionary()
+IN_MEMORY = 64  # recordings per model
+
+
+def recorded(model: Any, key: Hashable) -> Recording | None:
+    """The recording of this model and key: kept in this process, else on disk by an earlier kernel, else None."""
+    kept = _RECORDINGS.get(model)
+    if kept is not None and key in kept:
+        kept.move_to_end(key)
+        return kept[key]
+    found = load(model, key)
+    if found is not None:
+        _remember(model, key, found)
+    return found
+
+
+def keep(model: Any, key: Hashable, recording: Recording) -> None:
+    """Keep a new recording for this process and, where the model is nbhw's own build, for the next kernel."""
+    _remember(model, key, recording)
+    save(model, key, recording)
+
+
+def forget() -> None:
+    """Forget the recordings kept in this process (those on disk stay)."""
+    _RECORDINGS.clear()
+
+
+def _remember(model: Any, key: Hashable, recording: Recording) -> None:
+    kept = _RECORDINGS.setdefault(model, OrderedDict())
+    kept[key] = recording
+    while len(kept) > IN_MEMORY:
+        kept.popitem(last=False)
+
 
 MOST_FILES = 4096  # about 0.1 MB each: a 70B search with its nearest changes writes ~130
 PRUNE_EVERY = 64  # writes between two counts of the folder
@@ -80,19 +137,20 @@ def _path(model: Any, key: Hashable) -> Path | None:
     return where / f"{digest}.pickle"
 
 
-def load(model: Any, key: Hashable) -> Any | None:
+def load(model: Any, key: Hashable) -> Recording | None:
     """The recording kept for this model and key, or None (none kept, not a model nbhw built, unreadable)."""
     path = _path(model, key)
     if path is None or not path.is_file():
         return None
     try:
         with path.open("rb") as f:
-            return pickle.load(f)
+            found = pickle.load(f)
+        return found if isinstance(found, Recording) else None
     except Exception:  # torn or from another version: it is written again
         return None
 
 
-def save(model: Any, key: Hashable, recording: Any) -> None:
+def save(model: Any, key: Hashable, recording: Recording) -> None:
     """Keep a recording for the next kernel (quietly nothing when the folder can't be written)."""
     path = _path(model, key)
     if path is None:
