@@ -101,7 +101,8 @@ def given(namespace: Any, declared: Iterable[Argument]) -> dict[str, Any]:
 
 
 def to_dict(instance: Any) -> dict[str, Any]:
-    """Every declared argument of ``instance`` as JSON-ready data (dict keys as strings)."""
+    """Every declared argument of ``instance`` as JSON-ready data (dict keys as strings; a checked object, such as a
+    Target, as the words its declaration writes it with)."""
 
     def plain(value: Any) -> Any:
         if isinstance(value, dict):
@@ -110,7 +111,13 @@ def to_dict(instance: Any) -> dict[str, Any]:
             return [plain(v) for v in value]
         return value
 
-    return {a.name: plain(getattr(instance, a.name)) for a in arguments(type(instance))}
+    def written(a: Argument, value: Any) -> Any:
+        return value if isinstance(value, PLAIN) else a.word(value)
+
+    return {a.name: plain(written(a, getattr(instance, a.name))) for a in arguments(type(instance))}
+
+
+PLAIN = (str, int, float, bool, type(None), dict, tuple, list)  # what JSON writes as it is
 
 
 def signature(func: Callable[..., Any], *groups: Iterable[Argument], keep: Iterable[str] = ()) -> inspect.Signature:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from nbhw.core.argument import argument, arguments
 from nbhw.core.dtypes import DTYPE, check_dtype
 from nbhw.core.errors import UserError
-from nbhw.core.hardware.targets import TARGET
+from nbhw.core.hardware.targets import TARGET, Target
 from nbhw.core.hf.meta_build import is_hub_kernel
 
 
@@ -37,14 +37,14 @@ class AdviceArgs:
     kernel: str | None = argument(
         metavar="ORG/REPO[:FUNC]", check=check_kernel, help="also check this Hub kernel as attn_implementation"
     )  # fmt: skip
-    target: str | None = argument(**TARGET)
+    target: Target | None = argument(**TARGET)
 
 
 @dataclass(frozen=True)
 class QuantizationArgs:
     """What the quantization advice is for: a target (None: this machine) and a dtype (None: the advised one)."""
 
-    target: str | None = argument(**TARGET)
+    target: Target | None = argument(**TARGET)
     dtype: str | None = argument(**{**DTYPE, "check": check_advice_dtype})
 
 

@@ -33,7 +33,7 @@ from nbhw.core.argument import checked, signature
 from nbhw.core.errors import UserError
 from nbhw.core.hardware.data import to_plain
 from nbhw.core.hardware.detect import detect
-from nbhw.core.hardware.targets import target_of
+from nbhw.core.hardware.targets import target_of, target_word
 from nbhw.core.hf import kernel_tables, meta_build
 from nbhw.core.hf.kernel_tables import KernelEntry
 from nbhw.core.render import STYLE, Shown, esc, html_table, py_str, text_table
@@ -332,8 +332,8 @@ def advice_target(asked: AdviceArgs) -> Target:
     """The device the advice is for: a catalog target, a device named here, or the best one here."""
     if asked.target is not None and asked.device is not None:
         raise UserError(
-            f"--device {asked.device!r} and --target {asked.target!r} both name the hardware to advise for; give "
-            "one: --device DEV (this machine) or --target NAME (nbhw's catalog)"
+            f"--device {asked.device!r} and --target {target_word(asked.target)!r} both name the hardware to advise "
+            "for; give one: --device DEV (this machine) or --target NAME (nbhw's catalog)"
         )
     found = target_of(asked.target)
     if found is not None:

@@ -285,7 +285,7 @@ def _more_cards(search: Search, target: Target) -> Iterator[Change]:
         if cards > MAX_COUNT:
             return
         more = Target(target.accelerator, cards)
-        pinned = {**search.pinned, "target": more.text}
+        pinned = {**search.pinned, "target": more}
         base = plan(search.model, offline=search.offline, **pinned)
         wider = Search(search.model, pinned, search.offline, dict(base.live.max_memory), True, search.stages,
                        search.options, base)  # fmt: skip

@@ -26,7 +26,7 @@ from typing import Any
 from nbhw.core import argument, render
 from nbhw.core.errors import UserError
 from nbhw.core.fit.result import SearchResult
-from nbhw.core.hardware.targets import MAX_COUNT, Target, target_of
+from nbhw.core.hardware.targets import MAX_COUNT, Target, target_of, target_word
 from nbhw.core.train.arguments import METHODS, train_args
 from nbhw.core.train.tasks import check_names
 from nbhw.core.train.train_plan import TrainPlan, device_of, model_name, train_plan
@@ -185,7 +185,7 @@ def _device_words(plan: TrainPlan, count: int) -> tuple[str, dict[str, Any]]:
     target = target_of(plan.asked.target)
     if target is not None:
         more = Target(target.accelerator, count)
-        return f"target {more.text!r}", {"target": more.text}
+        return f"target {more.text!r}", {"target": more}
     return f"{count} devices of {render.size(plan.device.total)}", {"devices": count}
 
 
@@ -271,7 +271,9 @@ class TrainFitResult(SearchResult):
 
 
 def _plain(values: dict[str, Any]) -> dict[str, Any]:
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+    """The pinned arguments as JSON writes them: a Target as its words."""
+    return {k: list(v) if isinstance(v, tuple) else target_word(v) if isinstance(v, Target) else v
+            for k, v in values.items()}  # fmt: skip
 
 
 # ---------------------------------------------------------------- the search, from nbhw.fit()

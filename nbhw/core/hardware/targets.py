@@ -454,33 +454,42 @@ def lookup(name: str) -> Accelerator:
     raise UserError(f"unknown target {name!r}; {hint}; nbhw.targets() lists all {len(catalog())}")
 
 
-def check_target(value: Any) -> str | None:
-    """``target=`` as the canonical words ('2x H100 SXM'), or None for this machine; a UserError otherwise."""
-    if value is None:
-        return None
-    if isinstance(value, Target):
-        return value.text
+def check_target(value: Any) -> Target | None:
+    """``target=`` as the Target it names (words such as '2x H100 SXM', or a Target), or None for this machine; a
+    UserError otherwise. Parsed once, here: every surface after it gets the Target."""
+    if value is None or isinstance(value, Target):
+        return value
     if not isinstance(value, str):
         raise UserError(f"target {value!r} is not a name; valid forms: {FORMS}")
-    return parse_target(value).text
+    return _parsed(value)
+
+
+def target_of(value: Target | str | None) -> Target | None:
+    """The Target of a checked ``target=`` value (None: this machine); words (a form's text) are parsed."""
+    return value if value is None or isinstance(value, Target) else _parsed(value)
 
 
 @lru_cache(maxsize=256)
-def target_of(text: str | None) -> Target | None:
-    """The Target a canonical ``target=`` value names (None: this machine)."""
-    return None if text is None else parse_target(text)
+def _parsed(text: str) -> Target:
+    return parse_target(text)
+
+
+def target_word(value: Target | str | None) -> str | None:
+    """``target=`` as the words that name it again ('2x H100 SXM'): what a form shows and JSON holds."""
+    return value.text if isinstance(value, Target) else value
 
 
 # The target argument of the plan, the attention advisor and the quantization advice, declared once.
 TARGET: dict[str, Any] = {
     "metavar": "NAME",
     "check": check_target,
+    "word": target_word,
     "help": "plan for hardware that is not here, from nbhw's catalog: 'T4', '2x H100-80GB', '4 x A100 40GB', "
     "'T4 ECC off' (nbhw.targets() lists them)",
 }
 
 
-def check_target_args(target: str | None, max_memory: object) -> None:
+def check_target_args(target: Target | None, max_memory: object) -> None:
     """--target plans for a catalog entry's memory, --max-memory for memory you type: not both."""
     if target is not None and max_memory:
         raise UserError(

@@ -19,7 +19,7 @@ from nbhw.core.argument import argument, arguments, checked
 from nbhw.core.dtypes import DTYPE
 from nbhw.core.errors import UserError, one_of
 from nbhw.core.hardware import backends
-from nbhw.core.hardware.targets import TARGET, check_target_args
+from nbhw.core.hardware.targets import TARGET, Target, check_target_args
 from nbhw.core.hf import library_source
 from nbhw.core.hf.meta_build import is_hub_kernel, quiet
 from nbhw.core.plan.pinned import check_pinned
@@ -393,7 +393,7 @@ class PlanArgs:
     Each field declares one argument (:func:`nbhw.core.argument.argument`): every surface reads it from here.
     """
 
-    target: str | None = argument(**TARGET, control="dropdown")
+    target: Target | None = argument(**TARGET, control="dropdown")
     dtype: str = argument(**DTYPE, default="auto", control="dropdown", emits="dtype")
     device_map: DeviceMap = argument(
         default="auto", metavar="MAP", parse=device_map_from_text, check=check_device_map, word=device_map_word,

@@ -38,7 +38,7 @@ def device_dependent(attn: str | None) -> bool:
 
 def attention_problems(model: str, attn: str | None, dtype: str, target: Target, offline: bool) -> list[str]:
     """attn_implementation on the target: the attention advice's row for it, when it says it won't work."""
-    return advised_problems(model, attn, dtype, offline, target.accelerator.name, target=target.text)
+    return advised_problems(model, attn, dtype, offline, target.accelerator.name, target=target)
 
 
 def attention_problems_here(model: str, attn: str | None, dtype: str, devices: list[str], offline: bool) -> list[str]:
@@ -63,7 +63,9 @@ def rows_kept() -> Iterator[None]:
         _KEPT.reset(token)
 
 
-def advised_problems(model: str, attn: str | None, dtype: str, offline: bool, where: str, **hardware: str) -> list[str]:
+def advised_problems(
+    model: str, attn: str | None, dtype: str, offline: bool, where: str, **hardware: str | Target
+) -> list[str]:
     """The attention advice's row for ``attn`` (on ``target=`` or ``device=``), as a problem when it won't work."""
     if not device_dependent(attn):
         return []
@@ -77,7 +79,9 @@ def advised_problems(model: str, attn: str | None, dtype: str, offline: bool, wh
     return list(kept[key])
 
 
-def _advised(model: str, attn: str, *, dtype: str, offline: bool, where: str, hardware: dict[str, str]) -> list[str]:
+def _advised(
+    model: str, attn: str, *, dtype: str, offline: bool, where: str, hardware: dict[str, str | Target]
+) -> list[str]:
     kernel = attn if meta_build.is_hub_kernel(attn) else None
     row = row_for(attn, model, dtype=dtype, kernel=kernel, offline=offline, **hardware)
     # "depends on the device": nbhw can't see the device it depends on, so the plan can't say it will load.

@@ -422,7 +422,7 @@ OPTIONS: dict[str, Callable[[Hardware, AttentionAdvice], tuple[list[Option], str
 
 
 def _advice(
-    model: str, device: str | None, dtype: str | None, offline: bool, target: str | None
+    model: str, device: str | None, dtype: str | None, offline: bool, target: Target | None
 ) -> tuple[AttentionAdvice, str | None]:
     """The advisor's answer for the model; for the hardware alone when the model's config can't be read."""
     wanted = dtype if dtype in OFFERED else None
@@ -446,7 +446,7 @@ def choices(
     found = _target(target)
     hardware = _hardware(found)
     device = target_device(device_map) if found is None else None
-    advice, problem = _advice(model, device, dtype, offline, found.text if found is not None else None)
+    advice, problem = _advice(model, device, dtype, offline, found)
     options: dict[str, tuple[Option, ...]] = {}
     notes: dict[str, str] = {}
     for name, offer in OPTIONS.items():

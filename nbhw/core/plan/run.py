@@ -38,6 +38,8 @@ from nbhw.core.plan.run_figures import (
     RunEstimate,
     Sizes,
     TrackedRun,
+    as_table,
+    flat,
     most_together,
     sizes,
     table,
@@ -255,14 +257,15 @@ class _DryRun:
         except Exception as exc:
             raise DryRunError(self._failure(exc)) from exc
         track = self.tracker
-        timeline = table(track.timeline, len(track.devices))
+        timeline = flat(track.timeline, len(track.devices))
         return run_store.Recording(found, timeline, tuple(track.devices), tuple(track.largest), tuple(self.weights),
                                    tuple(self.starts), tuple(self.routed_at), self.created,
                                    dict(routed.routed))  # fmt: skip
 
     def _replay(self, recorded: run_store.Recording) -> tuple[dict[str, Any], dict[str, int]]:
         """This run's state as the recording left it (each run widens its own copies)."""
-        self.table, self.devices, self.largest = recorded.table, list(recorded.devices), list(recorded.largest)
+        self.devices, self.largest = list(recorded.devices), list(recorded.largest)
+        self.table = as_table(recorded.points, len(self.devices))
         self.weights, self.starts, self.routed_at = (
             list(recorded.weights),
             list(recorded.starts),

@@ -3,6 +3,8 @@ figures, the sizes it was asked, and its per-op timeline (what the searches of :
 
 from __future__ import annotations
 
+import array
+import itertools
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,32 +108,62 @@ class Sizes:
 
 
 class TrackedRun:
-    """A dry run's figures and its timeline: every op's bytes on each device, an int64 tensor with a row per op (a
-    70B search keeps about a hundred runs of ~16,000 ops: as tuples of ints they took ~450 MB, here ~60 MB)."""
+    """A dry run's figures and its timeline: every op's bytes on each device, kept flat in an int64 array (a 70B
+    search keeps about a hundred runs of ~16,000 ops: as tuples of ints they took ~450 MB, here ~60 MB)."""
 
     def __init__(self, estimate: RunEstimate, table: Any, devices: list[Hashable]) -> None:
         self.estimate, self.devices = estimate, devices
-        self.table = table  # torch.Tensor, ops x devices
+        self.points = kept(table)
+
+    @property
+    def table(self) -> Any:
+        """The timeline as a tensor view of the kept points (no copy): a row per op, a column per device."""
+        return as_table(self.points, len(self.devices))
 
     @property
     def ops(self) -> int:
         """How many ops the timeline has."""
-        return len(self.table)
+        return len(self.points) // len(self.devices) if self.devices else 0
 
     @property
     def timeline(self) -> list[tuple[int, ...]]:
         """Per op, the bytes on each device (in ``devices``' order)."""
-        return [tuple(row) for row in self.table.tolist()]
+        n, points = len(self.devices), self.points
+        return [tuple(points[i : i + n]) for i in range(0, len(points), n)] if n else []
+
+
+def flat(timeline: list[tuple[int, ...]], devices: int) -> array.array[int]:
+    """The tracker's timeline as nbhw keeps it: every device's total after every op, flat, in an int64 array (a
+    device first seen mid-run was 0 before). Not a tensor: one nbhw kept would be counted by ``%hw holders`` and in
+    the memory of the device a user's cell is measured on."""
+    if not all(len(p) == devices for p in timeline):
+        timeline = [p + (0,) * (devices - len(p)) for p in timeline]
+    return array.array("q", itertools.chain.from_iterable(timeline))
+
+
+def as_table(points: array.array[int], devices: int) -> Any:
+    """Kept points as an int64 tensor with a row per op and a column per device: a view, no copy (made while a run
+    or a search computes, and dropped with it)."""
+    import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
+
+    if not points:
+        return torch.zeros(0, devices, dtype=torch.int64)
+    return torch.frombuffer(points, dtype=torch.int64).view(-1, devices)
 
 
 def table(timeline: list[tuple[int, ...]], devices: int) -> Any:
-    """The tracker's timeline as an int64 tensor, one row per op, a column per device (a device first seen mid-run
-    was 0 before)."""
+    """The tracker's timeline as a tensor (see :func:`as_table`)."""
+    return as_table(flat(timeline, devices), devices)
+
+
+def kept(table: Any) -> array.array[int]:
+    """A tensor table as nbhw keeps it (see :func:`flat`)."""
     import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
 
-    if not all(len(p) == devices for p in timeline):
-        timeline = [p + (0,) * (devices - len(p)) for p in timeline]
-    return torch.tensor(timeline, dtype=torch.int64).reshape(-1, devices)
+    out = array.array("q", bytes(8 * table.numel()))
+    if table.numel():
+        torch.frombuffer(out, dtype=torch.int64).copy_(table.reshape(-1))
+    return out
 
 
 def most_together(points: Any, default: int) -> int:

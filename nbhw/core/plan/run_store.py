@@ -16,6 +16,7 @@ is ignored and written again. The folder keeps the newest :data:`MOST_FILES`.
 
 from __future__ import annotations
 
+import array
 import functools
 import hashlib
 import itertools
@@ -38,7 +39,7 @@ class Recording:
     """What the tracker saw of one dry run's prefill and decode step, before it is widened to the model's depth."""
 
     found: dict[str, Any]  # generate()'s figures (see run._DryRun.generate)
-    table: Any  # torch.Tensor: per op, every device's total (see run_figures.table)
+    points: array.array[int]  # per op, every device's total, flat (see run_figures.flat)
     devices: tuple[Hashable, ...]
     largest: tuple[int, ...]
     weights: tuple[int, ...]

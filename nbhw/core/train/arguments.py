@@ -17,7 +17,7 @@ from typing import Any
 
 from nbhw.core.argument import argument, arguments, checked
 from nbhw.core.errors import UserError, one_of
-from nbhw.core.hardware.targets import TARGET, target_of
+from nbhw.core.hardware.targets import TARGET, Target, target_of
 from nbhw.core.plan.arguments import size_bytes, tokens, word
 
 METHODS = ("full", "lora", "qlora")
@@ -216,7 +216,7 @@ class TrainArgs:
         help="the devices trained on: cuda or cpu (default: this machine's accelerator, else cpu)",
     )  # fmt: skip
     # A catalog target: its device type, memory and count (devices) are the catalog's.
-    target: str | None = argument(**TARGET, control="dropdown")
+    target: Target | None = argument(**TARGET, control="dropdown")
     # Resolved by the plan, not an argument: fp16 autocast over float32 weights (full fine-tuning in fp16).
     mixed_precision: str | None = None
 
@@ -288,7 +288,7 @@ def _on_target(args: TrainArgs) -> TrainArgs:
     if args.devices not in (1, target.count):
         given.append(f"devices={args.devices}")
     if given:
-        raise UserError(f"target={args.target!r} sets the devices and their memory; drop {', '.join(given)} (or "
+        raise UserError(f"target={target.text!r} sets the devices and their memory; drop {', '.join(given)} (or "
                         "drop the target and give device_memory / devices)")  # fmt: skip
     if target.accelerator.device not in TRAINED_ON:
         raise UserError(f"training plans are for {', '.join(TRAINED_ON)} devices and the CPU; {target.text} is a "

@@ -203,7 +203,7 @@ def test_ecc_off_gives_a_gddr_card_its_sixteenth_back(text: str) -> None:
     a = t.accelerator
     assert (t.text, t.label, a.ecc_off, a.usable_gib) == ("T4 ECC off", "1x T4 (ECC off)", True, 15.75)
     assert a.memory_bytes == int(15.75 * 1024**3) and t.devices()[0].total_memory == a.memory_bytes
-    assert T.parse_target(t.text) == t and T.check_target(text) == "T4 ECC off"
+    assert T.parse_target(t.text) == t == T.check_target(text) and T.target_word(T.check_target(text)) == "T4 ECC off"
 
 
 def test_ecc_off_counts_and_reads_back_as_the_same_target() -> None:
