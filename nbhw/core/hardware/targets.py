@@ -309,6 +309,11 @@ class Target:
         """Devices as torch numbers them (cards × devices per card)."""
         return self.cards * self.accelerator.devices_per_card
 
+    def __repr__(self) -> str:
+        # Its words name it exactly (parse_target(t.text) == t): a plan's arguments read back short, and cache keys
+        # made from them stay distinct.
+        return f"Target({self.text!r})"
+
     @property
     def text(self) -> str:
         """The target as ``target=`` takes it back: 'T4', '2x H100 SXM', 'T4 ECC off'."""

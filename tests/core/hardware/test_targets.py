@@ -271,3 +271,11 @@ def test_the_cli_refuses_bad_targets_with_exit_2_and_one_line() -> None:
         )
         assert proc.returncode == 2 and proc.stdout == "", proc.stderr
         assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith("error: "), proc.stderr
+
+
+def test_a_target_reads_back_as_its_words_and_they_name_it_exactly() -> None:
+    # A plan's arguments show target=Target('T4'), and the solver's caches key plans by that repr: it must be unique.
+    made = [T.Target(a, cards) for a in T.catalog() for cards in ((1,) if a.unified_memory else (1, 2))]
+    for t in made:  # a Mac has one device: one card
+        assert repr(t) == f"Target({t.text!r})" and T.parse_target(t.text) == t == T.check_target(t.text)
+    assert len({repr(t) for t in made}) == len(made)
