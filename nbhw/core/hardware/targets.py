@@ -314,6 +314,10 @@ class Target:
         # made from them stay distinct.
         return f"Target({self.text!r})"
 
+    def __hash__(self) -> int:
+        # by its words (the catalog entry it holds has dict fields): Targets that are equal hash alike
+        return hash(self.text)
+
     @property
     def text(self) -> str:
         """The target as ``target=`` takes it back: 'T4', '2x H100 SXM', 'T4 ECC off'."""

@@ -278,4 +278,4 @@ def test_a_target_reads_back_as_its_words_and_they_name_it_exactly() -> None:
     made = [T.Target(a, cards) for a in T.catalog() for cards in ((1,) if a.unified_memory else (1, 2))]
     for t in made:  # a Mac has one device: one card
         assert repr(t) == f"Target({t.text!r})" and T.parse_target(t.text) == t == T.check_target(t.text)
-    assert len({repr(t) for t in made}) == len(made)
+    assert len({repr(t) for t in made}) == len(set(made)) == len(made)  # hashable: cache keys hold targets
