@@ -101,8 +101,15 @@ def given(namespace: Any, declared: Iterable[Argument]) -> dict[str, Any]:
 
 
 def to_dict(instance: Any) -> dict[str, Any]:
-    """Every declared argument of ``instance`` as JSON-ready data (dict keys as strings; a checked object, such as a
-    Target, as the words its declaration writes it with)."""
+    """Every declared argument of ``instance`` as JSON-ready data (see :func:`plain_values`)."""
+    declared = arguments(type(instance))
+    return plain_values({a.name: getattr(instance, a.name) for a in declared}, declared)
+
+
+def plain_values(values: Mapping[str, Any], declared: Iterable[Argument]) -> dict[str, Any]:
+    """Checked values of declared arguments as JSON-ready data: dict keys as strings, tuples as lists, a checked
+    object (a Target) as the words its declaration writes it with."""
+    by_name = {a.name: a for a in declared}
 
     def plain(value: Any) -> Any:
         if isinstance(value, dict):
@@ -114,7 +121,7 @@ def to_dict(instance: Any) -> dict[str, Any]:
     def written(a: Argument, value: Any) -> Any:
         return value if isinstance(value, PLAIN) else a.word(value)
 
-    return {a.name: plain(written(a, getattr(instance, a.name))) for a in arguments(type(instance))}
+    return {name: plain(written(by_name[name], value)) for name, value in values.items()}
 
 
 PLAIN = (str, int, float, bool, type(None), dict, tuple, list)  # what JSON writes as it is

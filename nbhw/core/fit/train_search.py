@@ -26,8 +26,8 @@ from typing import Any
 from nbhw.core import argument, render
 from nbhw.core.errors import UserError
 from nbhw.core.fit.result import SearchResult
-from nbhw.core.hardware.targets import MAX_COUNT, Target, target_of, target_word
-from nbhw.core.train.arguments import METHODS, train_args
+from nbhw.core.hardware.targets import MAX_COUNT, Target, target_of
+from nbhw.core.train.arguments import METHODS, TRAIN_ARGUMENTS, train_args
 from nbhw.core.train.tasks import check_names
 from nbhw.core.train.train_plan import TrainPlan, device_of, model_name, train_plan
 
@@ -262,18 +262,13 @@ class TrainFitResult(SearchResult):
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "model": self.model, "arguments": argument.to_dict(self.args), "pinned": _plain(self.search.pinned),
+            "model": self.model, "arguments": argument.to_dict(self.args),
+            "pinned": argument.plain_values(self.search.pinned, TRAIN_ARGUMENTS),
             "fits": self.answer is not None, "option": None if self.option is None else self.option.values(),
             "plan": None if self.plan is None else self.plan.to_dict(),
             "rejected": [r.to_dict() for r in self.rejected], "nearest": [c.to_dict() for c in self.nearest],
             "planned": self.planned, "options": len(self.search.options), "seconds": self.seconds,
         }  # fmt: skip
-
-
-def _plain(values: dict[str, Any]) -> dict[str, Any]:
-    """The pinned arguments as JSON writes them: a Target as its words."""
-    return {k: list(v) if isinstance(v, tuple) else target_word(v) if isinstance(v, Target) else v
-            for k, v in values.items()}  # fmt: skip
 
 
 # ---------------------------------------------------------------- the search, from nbhw.fit()

@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 from nbhw.core.hardware import visible_devices
 from nbhw.core.hardware.data import EnvAnalysis, EnvVar
 from nbhw.core.hardware.nvml import NvmlView
+
+
+@contextlib.contextmanager
+def variable_set(name: str, value: str) -> Iterator[None]:
+    """``name=value`` in this process's environment for the duration, then as it was (unset, or its old value)."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
 
 ALWAYS_SHOWN = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "ACCELERATE_TORCH_DEVICE", "HF_HUB_OFFLINE")
 SHOWN_WHEN_SET = (

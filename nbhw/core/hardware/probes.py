@@ -14,12 +14,13 @@ import importlib.util
 import os
 import platform
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 from nbhw.core.hardware import cuda_arch, nvml, visible_devices
 from nbhw.core.hardware.data import DeviceInfo, Probed
+from nbhw.core.hardware.environment import variable_set
 
 CUDA_WHEELS = "https://download.pytorch.org/whl/cu128"
 ROCM_WHEELS = "https://download.pytorch.org/whl/rocm6.4"
@@ -347,19 +348,6 @@ def _free_memory(module: Any, index: int) -> int | None:
         return None
 
 
-@contextlib.contextmanager
-def _env(name: str, value: str) -> Iterator[None]:
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
-
-
 def plugin_probe(
     device: str, module: str, hardware: str, install: str, env: tuple[str, str] | None = None
 ) -> Callable[[], Probed]:
@@ -377,7 +365,7 @@ def plugin_probe(
         mod = getattr(torch, device, None)
         if mod is None:
             return Probed(False, f"{module} is installed but did not register torch.{device}", install)
-        with _env(*env) if env else contextlib.nullcontext():
+        with variable_set(*env) if env else contextlib.nullcontext():
             available = bool(mod.is_available())
         if not available:
             return Probed(

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import itertools
 import threading
 import weakref
 from collections.abc import Callable, Hashable, Iterator, Sequence
@@ -221,14 +220,6 @@ def _tracker_class() -> type:
 def tracker(devices: Sequence[Hashable] = ("",), max_ops: int | None = None) -> Any:
     """A new tracker (a TorchDispatchMode): ``with it:`` every op's outputs are counted on ``devices[it.now]``."""
     return _tracker_class()(devices, max_ops)
-
-
-def peaks(timeline: Sequence[tuple[int, ...]], devices: int, start: int = 0, stop: int | None = None) -> list[int]:
-    """Each device's highest total over a stretch of a timeline (0 for a device not seen yet)."""
-    found = [0] * devices
-    for i, column in enumerate(itertools.zip_longest(*timeline[start:stop], fillvalue=0)):  # by device: C loops
-        found[i] = max(found[i], *column)
-    return found
 
 
 # ----------------------------------------------------------------------------------------------- placement

@@ -5,10 +5,10 @@ tokenizer's attention_mask, encoder and multimodal inputs), and the notes on wha
 from __future__ import annotations
 
 import contextlib
-import os
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable
 from typing import Any
 
+from nbhw.core.hardware.environment import variable_set
 from nbhw.core.hf import dryrun, meta_build, offloading
 
 
@@ -216,19 +216,10 @@ def device_labels(device_map: dict[str, Hashable]) -> list[Hashable]:
 _DISABLE_CHECKS = "TRANSFORMERS_DISABLE_TORCH_CHECK"
 
 
-@contextlib.contextmanager
-def no_value_checks() -> Iterator[None]:
+def no_value_checks() -> contextlib.AbstractContextManager[None]:
     """transformers' ``torch_compilable_check`` compares tensor values (image tokens vs features): meta has none.
 
     transformers documents TRANSFORMERS_DISABLE_TORCH_CHECK=1 to skip those checks; it is read at call time, so it
     is set only for the dry run (process-wide: a concurrent real forward skips its checks for that long).
     """
-    old = os.environ.get(_DISABLE_CHECKS)
-    os.environ[_DISABLE_CHECKS] = "1"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(_DISABLE_CHECKS, None)
-        else:
-            os.environ[_DISABLE_CHECKS] = old
+    return variable_set(_DISABLE_CHECKS, "1")
