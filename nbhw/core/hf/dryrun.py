@@ -23,7 +23,7 @@ import contextlib
 import copy
 import threading
 import weakref
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from types import SimpleNamespace
@@ -225,7 +225,7 @@ def tracker(devices: Sequence[Hashable] = ("",), max_ops: int | None = None) -> 
 # ----------------------------------------------------------------------------------------------- placement
 
 
-def execution_device(device_map: dict[str, Hashable]) -> Hashable:
+def execution_device(device_map: Mapping[str, Hashable]) -> Hashable:
     """Where accelerate runs modules kept on cpu / disk: the first device that is neither (dispatch_model's rule)."""
     running = {d for d in device_map.values() if d not in OFFLOADED}
     return next(iter(running)) if running else "cpu"  # set order, as accelerate takes it

@@ -14,12 +14,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbhw._version import __version__
 from nbhw.core.argument import to_dict
 from nbhw.core.errors import UserError
 from nbhw.core.render import size
+
+if TYPE_CHECKING:
+    from nbhw.core.plan.load_plan import LoadPlan
 
 FORMAT = "nbhw-pin"
 FORMAT_VERSION = 1
@@ -281,7 +284,7 @@ def device_key(key: int | str, accelerator: str | None) -> str:
     return f"{accelerator or 'cuda'}:{key}" if isinstance(key, int) else str(key)
 
 
-def planned_bytes(plan: Any) -> dict[str, int]:
+def planned_bytes(plan: LoadPlan) -> dict[str, int]:
     """The weights the plan puts on each device (its placement), by torch's device names."""
     placement = plan.weight_placement
     if placement is None:
@@ -310,7 +313,7 @@ def argument_differences(pin: Pin, arguments: dict[str, Any]) -> list[str]:
     return [f"{k}: pinned {pinned[k]!r}, this plan {arguments[k]!r}" for k in keys]
 
 
-def plan_beside_pin(plan: Any) -> list[str]:
+def plan_beside_pin(plan: LoadPlan) -> list[str]:
     """The pinned run beside this plan, one line each: versions, arguments, model, bytes per device."""
     pin = plan.pinned
     if pin is None:

@@ -6,16 +6,19 @@ method, ``use_kernels``, a Hub kernel); a plan collects its own options and asks
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbhw.core.hardware import doctor
 from nbhw.core.hardware.findings import Finding
 from nbhw.core.plan.arguments import QUANTIZATION
 
+if TYPE_CHECKING:
+    from nbhw.core.plan.load_plan import LoadPlan
+
 HUB_KERNEL_ORG_SEPARATOR = "/"
 
 
-def _quantization(plan: Any) -> str | None:
+def _quantization(plan: LoadPlan) -> str | None:
     """transformers' quantization method the cell would use: the one asked for, or a pre-quantized checkpoint's."""
     asked = plan.args.quantization
     if asked in QUANTIZATION:
@@ -29,7 +32,7 @@ def _quantization(plan: Any) -> str | None:
     return None
 
 
-def _devices(plan: Any) -> list[str]:
+def _devices(plan: LoadPlan) -> list[str]:
     placement = plan.weight_placement if plan.config.available else None  # the devices only: no dry run
     found = [share.device for share in placement.devices] if placement is not None else []
     device_map = plan.args.device_map
@@ -38,7 +41,7 @@ def _devices(plan: Any) -> list[str]:
     return found
 
 
-def findings(plan: Any) -> list[Finding]:
+def findings(plan: LoadPlan) -> list[Finding]:
     """The findings this plan's cell would hit on this machine (a LoadPlan; read through its public fields)."""
     attn = plan.args.attn_implementation
     kernels = [attn] if attn and HUB_KERNEL_ORG_SEPARATOR in attn else []
@@ -51,6 +54,6 @@ def findings(plan: Any) -> list[Finding]:
     )
 
 
-def warnings(plan: Any) -> list[str]:
+def warnings(plan: LoadPlan) -> list[str]:
     """One note per finding the cell would hit: what fails, when, and the command that fixes it."""
     return [f.line() for f in findings(plan)]

@@ -14,10 +14,11 @@ import sys
 from collections.abc import Hashable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbhw.core import render
 from nbhw.core.errors import UserError
+from nbhw.core.hardware.data import DeviceInfo
 from nbhw.core.hardware.presence import device_type
 from nbhw.core.hf import dryrun, model_config
 from nbhw.core.plan import headroom, outside_tensors, run, run_figures, run_parts, run_search
@@ -27,6 +28,10 @@ from nbhw.core.plan.placement import DeviceShare, Placement, budget_key, device_
 from nbhw.core.plan.run_figures import RunEstimate
 from nbhw.core.plan.run_search import Fit
 
+if TYPE_CHECKING:
+    from nbhw.core.plan.estimate import Estimate
+    from nbhw.core.plan.load_plan import LoadPlan
+
 BATCH_LIMIT = 4096
 
 
@@ -35,7 +40,7 @@ def default_context(limit: int | None) -> int:
     return min(DEFAULT_CONTEXT, limit) if limit else DEFAULT_CONTEXT
 
 
-def check_sizes(plan: Any) -> None:
+def check_sizes(plan: LoadPlan) -> None:
     """The checks of context and encoder_length that need the model's config; a one-line UserError each."""
     if not plan.config.available:
         return
@@ -64,7 +69,7 @@ def check_sizes(plan: Any) -> None:
 # ---------------------------------------------------------------- where the run runs
 
 
-def backend_of(label: Hashable, plan: Any) -> str:
+def backend_of(label: Hashable, plan: LoadPlan) -> str:
     """The backend a device_map value means here: cuda, rocm, mps, xpu, cpu, disk (a bare index with no
     accelerator here: cuda, the accelerator plans for other hardware usually mean)."""
     if label in ("cpu", DISK, "meta"):
@@ -76,14 +81,14 @@ def backend_of(label: Hashable, plan: Any) -> str:
     return str(kind)
 
 
-def target(plan: Any) -> str:
+def target(plan: LoadPlan) -> str:
     """Whose attention kernels size the run: the CPU's (torch asked) or CUDA's rules for every accelerator."""
     placement = plan.weight_placement
     main = dryrun.execution_device(placement.device_map) if placement and placement.device_map else "cpu"
     return "cpu" if backend_of(main, plan) == "cpu" else "cuda"
 
 
-def _device_info(label: Hashable, plan: Any) -> Any:
+def _device_info(label: Hashable, plan: LoadPlan) -> DeviceInfo | None:
     if not isinstance(label, int):
         return None
     for row in plan.rows:
@@ -92,7 +97,7 @@ def _device_info(label: Hashable, plan: Any) -> Any:
     return None
 
 
-def _capability(info: Any) -> tuple[int, int] | None:
+def _capability(info: DeviceInfo | None) -> tuple[int, int] | None:
     text = getattr(info, "compute_capability", None)
     if not text or "." not in str(text):
         return None
@@ -105,7 +110,7 @@ def _cuda_context_exists() -> bool:
     return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized())
 
 
-def reserve(label: Hashable, plan: Any) -> Reserve | None:
+def reserve(label: Hashable, plan: LoadPlan) -> Reserve | None:
     """What the framework holds on one device outside tensors; None for disk (nothing runs there)."""
     backend = backend_of(label, plan)
     # Free memory read now counts what this process already holds; a catalog target's memory is the whole device's.
@@ -126,7 +131,7 @@ def reserve(label: Hashable, plan: Any) -> Reserve | None:
     )
 
 
-def reserves(plan: Any, labels: list[Hashable]) -> dict[Hashable, Reserve]:
+def reserves(plan: LoadPlan, labels: list[Hashable]) -> dict[Hashable, Reserve]:
     """The reserve of every device the run uses."""
     found = {label: reserve(label, plan) for label in labels}
     return {k: v for k, v in found.items() if v is not None}
@@ -143,13 +148,13 @@ class Outcome:
     problem: str | None = None
 
 
-def generation(plan: Any) -> dict[str, Any] | None:
+def generation(plan: LoadPlan) -> dict[str, Any] | None:
     """The generate() options a plan's dry runs pass (the cache it asks for)."""
     impl = plan.args.cache_implementation
     return None if impl is None else {"cache_implementation": impl}
 
 
-def dry_run(plan: Any) -> Outcome:
+def dry_run(plan: LoadPlan) -> Outcome:
     """generate()'s prefill and one decode step at the plan's batch and context, on its placement (meta device)."""
     model, placement = plan.meta_model, plan.weight_placement
     if model is None:
@@ -167,7 +172,7 @@ def dry_run(plan: Any) -> Outcome:
     return Outcome(found)
 
 
-def _share_of(placement: Placement, label: Hashable, plan: Any) -> DeviceShare:
+def _share_of(placement: Placement, label: Hashable, plan: LoadPlan) -> DeviceShare:
     for share in placement.devices:
         if share.key == label:
             return share
@@ -176,21 +181,20 @@ def _share_of(placement: Placement, label: Hashable, plan: Any) -> DeviceShare:
     return DeviceShare(device_name(key, plan.live.accelerator), key, 0, 0, budget)
 
 
-def limits(plan: Any, outcome: RunEstimate) -> dict[Hashable, int]:
+def limits(plan: LoadPlan, placement: Placement, outcome: RunEstimate) -> dict[Hashable, int]:
     """Per device, the bytes the dry run's tensors may reach: its budget less its reserve and less what the placed
     weights take beyond the dry run's (quantized weights are placed at their quantized size)."""
-    placement = plan.weight_placement
     found: dict[Hashable, int] = {}
     for label, measured in outcome.devices.items():
         share = _share_of(placement, label, plan)
         if share.budget is None or label == DISK:
             continue
-        held = plan.reserves.get(label)
+        held = plan.reserves.get(share.key)
         found[label] = share.budget - (held.bytes if held else 0) - (share.bytes - measured.weight_bytes)
     return found
 
 
-def with_run(plan: Any) -> Placement | None:
+def with_run(plan: LoadPlan) -> Placement | None:
     """The weight placement with each device's run figures and the verdict that counts the run."""
     placement: Placement | None = plan.weight_placement
     outcome: Outcome = plan.dry_run
@@ -200,16 +204,14 @@ def with_run(plan: Any) -> Placement | None:
         why = f": {outcome.problem}" if outcome.problem else " (see the estimate)"
         verdict = f"weights only: {_where(placement)}; the run is not covered{why}"
         return replace(placement, verdict=verdict, run_kind="not_covered")
-    shares = run_shares(plan)
+    shares = run_shares(plan, placement, outcome.run)
     over = [s for s in shares if s.over_bytes is not None and s.over_bytes > 0]
     text, kind = _run_verdict(plan, placement, over, tight_shares(shares))
     return replace(placement, devices=shares, verdict=text, run_kind=kind)
 
 
-def run_shares(plan: Any) -> list[DeviceShare]:
-    """The placement's devices with the dry run's figures filled in, in the placement's order (a dry run needed)."""
-    placement: Placement = plan.weight_placement
-    outcome: RunEstimate = plan.dry_run.run
+def run_shares(plan: LoadPlan, placement: Placement, outcome: RunEstimate) -> list[DeviceShare]:
+    """The placement's devices with the dry run's figures filled in, in the placement's order."""
     shares = [_filled(_share_of(placement, label, plan), m, plan) for label, m in outcome.devices.items()]
     shares += [s for s in placement.devices if s.key not in outcome.devices]
     order = {s.key: i for i, s in enumerate(placement.devices)}
@@ -217,13 +219,14 @@ def run_shares(plan: Any) -> list[DeviceShare]:
     return shares
 
 
-def run_fits(plan: Any) -> bool | None:
+def run_fits(plan: LoadPlan) -> bool | None:
     """Whether the run fits every device's budget: the verdict's own test ("fits"), without the search for the
     largest context that the other verdicts report; None when the verdict is not about the run."""
     placement: Placement | None = plan.weight_placement
-    if placement is None or placement.kind in ("none", "too_big") or plan.dry_run.run is None:
+    outcome = plan.dry_run.run
+    if placement is None or placement.kind in ("none", "too_big") or outcome is None:
         return None
-    return not any(s.over_bytes is not None and s.over_bytes > 0 for s in run_shares(plan))
+    return not any(s.over_bytes is not None and s.over_bytes > 0 for s in run_shares(plan, placement, outcome))
 
 
 def tight_shares(shares: list[DeviceShare]) -> list[DeviceShare]:
@@ -231,16 +234,16 @@ def tight_shares(shares: list[DeviceShare]) -> list[DeviceShare]:
     return [s for s in shares if headroom.is_tight(s.headroom_bytes, s.margin_bytes)]
 
 
-def run_tight(plan: Any) -> bool | None:
+def run_tight(plan: LoadPlan) -> bool | None:
     """Whether a run that fits leaves some device less room than its allocator needs (the verdict's "tight": read
     from the plan's placement, which searches nothing when the run fits); None when it doesn't fit or no run
     answers."""
-    if not run_fits(plan):
+    if not run_fits(plan) or plan.placement is None:
         return None
-    return bool(plan.placement.run_kind == "tight")
+    return plan.placement.run_kind == "tight"
 
 
-def margin(label: Hashable, plan: Any, largest_block: int) -> headroom.Margin | None:
+def margin(label: Hashable, plan: LoadPlan, largest_block: int) -> headroom.Margin | None:
     """What the allocator of the device ``label`` needs left free beyond the run's peak; None for disk."""
     backend = backend_of(label, plan)
     if backend in (DISK, "meta"):
@@ -248,7 +251,7 @@ def margin(label: Hashable, plan: Any, largest_block: int) -> headroom.Margin | 
     return headroom.allocator_margin(backend, largest_block)
 
 
-def margins_of(plan: Any) -> run_search.Margins:
+def margins_of(plan: LoadPlan) -> run_search.Margins:
     """Per device of a run, the bytes its allocator needs left free (the searches keep them)."""
 
     def margins(estimate: RunEstimate) -> dict[Hashable, int]:
@@ -260,7 +263,7 @@ def margins_of(plan: Any) -> run_search.Margins:
     return margins
 
 
-def margin_notes(plan: Any) -> list[str]:
+def margin_notes(plan: LoadPlan) -> list[str]:
     """Per device with a caching allocator, the room it needs left free beyond the run's peak and why."""
     if plan.run is None or plan.placement is None:
         return []
@@ -273,7 +276,7 @@ def margin_notes(plan: Any) -> list[str]:
     return out
 
 
-def _filled(share: DeviceShare, measured: run_figures.DeviceRun, plan: Any) -> DeviceShare:
+def _filled(share: DeviceShare, measured: run_figures.DeviceRun, plan: LoadPlan) -> DeviceShare:
     held = plan.reserves.get(share.key)
     weights = share.bytes  # as placed: the quantizer's size where there is one
     room = margin(share.key, plan, measured.largest_block_bytes)
@@ -303,7 +306,9 @@ def _tight_words(tight: list[DeviceShare]) -> str:
     )
 
 
-def _run_verdict(plan: Any, placement: Placement, over: list[DeviceShare], tight: list[DeviceShare]) -> tuple[str, str]:
+def _run_verdict(
+    plan: LoadPlan, placement: Placement, over: list[DeviceShare], tight: list[DeviceShare]
+) -> tuple[str, str]:
     where, tokens = _where(placement), f"{plan.context:,} tokens"
     at = f" at batch {plan.batch}" if plan.batch > 1 else ""
     if not over and tight:
@@ -316,60 +321,61 @@ def _run_verdict(plan: Any, placement: Placement, over: list[DeviceShare], tight
             return where, "fits"
         return f"{where}: fits at {tokens}{at}", "fits"
     fit = plan.context_fit
-    shorter = fit is not None and 2 <= fit.value < plan.context
+    shorter = fit.value if fit is not None and 2 <= fit.value < plan.context else None
     if placement.kind == "one_device":
         device = placement.verdict.removeprefix("fits on one device ")
-        if shorter:
-            return f"fits on one device {device} up to {fit.value:,} tokens{at}, not {tokens}", "fits_shorter"
+        if shorter is not None:
+            return f"fits on one device {device} up to {shorter:,} tokens{at}, not {tokens}", "fits_shorter"
         return f"does not fit on one device {device} at {tokens}{at} (needs {_short(over)})", "does_not_fit"
-    if shorter:
-        return f"{where}: fits up to {fit.value:,} tokens{at}, not {tokens}", "fits_shorter"
+    if shorter is not None:
+        return f"{where}: fits up to {shorter:,} tokens{at}, not {tokens}", "fits_shorter"
     return f"{where}: does not fit at {tokens}{at} (needs {_short(over)})", "does_not_fit"
 
 
 # ---------------------------------------------------------------- searches
 
 
-def _weights_alone_too_big(plan: Any, outcome: RunEstimate, most: int) -> Fit | None:
+def _weights_alone_too_big(found: dict[Hashable, int], plan: LoadPlan, outcome: RunEstimate, most: int) -> Fit | None:
     """A Fit of 0 when some device can't even hold its weights, its reserve and the least its allocator needs left
     free (a run's smallest margin): no dry run can change that."""
-    found = limits(plan, outcome)
     least = {d: margin(d, plan, 0) for d in found}
     if any(found[d] - (room.bytes if room else 0) < outcome.devices[d].weight_bytes for d, room in least.items()):
         return Fit(0, most, 0, "the weights, the reserve and the allocator's least margin alone are over a budget")
     return None
 
 
-def context_fit(plan: Any) -> Fit | None:
+def context_fit(plan: LoadPlan) -> Fit | None:
     """The largest context (prompt + generated) that fits every device at the plan's batch; None without a run."""
-    outcome = plan.dry_run.run
-    if outcome is None or plan.weight_placement is None:
+    outcome, placement = plan.dry_run.run, plan.weight_placement
+    if outcome is None or placement is None:
         return None
-    too_big = _weights_alone_too_big(plan, outcome, plan.context_limit or run_search.NO_LIMIT)
+    found = limits(plan, placement, outcome)
+    too_big = _weights_alone_too_big(found, plan, outcome, plan.context_limit or run_search.NO_LIMIT)
     if too_big is not None:
         return too_big
     try:
         return run_search.max_context(
-            plan.meta_model, limits(plan, outcome), batch=plan.batch, target=plan.run_target, start=plan.context,
-            device_map=dict(plan.weight_placement.device_map), encoder_tokens=plan.args.encoder_length,
+            plan.meta_model, found, batch=plan.batch, target=plan.run_target, start=plan.context,
+            device_map=dict(placement.device_map), encoder_tokens=plan.args.encoder_length,
             generation=generation(plan), margins=margins_of(plan), padding=plan.args.padding,
         )  # fmt: skip
     except run_figures.DryRunError:
         return None  # a loop over tokens at a longer context: the plan's own context is what is covered
 
 
-def batch_fit(plan: Any) -> Fit | None:
+def batch_fit(plan: LoadPlan) -> Fit | None:
     """The most sequences of the plan's context that fit every device together; None without a run."""
-    outcome = plan.dry_run.run
-    if outcome is None or plan.weight_placement is None:
+    outcome, placement = plan.dry_run.run, plan.weight_placement
+    if outcome is None or placement is None:
         return None
-    too_big = _weights_alone_too_big(plan, outcome, BATCH_LIMIT)
+    found = limits(plan, placement, outcome)
+    too_big = _weights_alone_too_big(found, plan, outcome, BATCH_LIMIT)
     if too_big is not None:
         return too_big
     try:
         return run_search.max_batch(
-            plan.meta_model, limits(plan, outcome), context=plan.context, target=plan.run_target,
-            device_map=dict(plan.weight_placement.device_map), encoder_tokens=plan.args.encoder_length,
+            plan.meta_model, found, context=plan.context, target=plan.run_target,
+            device_map=dict(placement.device_map), encoder_tokens=plan.args.encoder_length,
             limit=BATCH_LIMIT, generation=generation(plan), margins=margins_of(plan), padding=plan.args.padding,
         )  # fmt: skip
     except run_figures.DryRunError:
@@ -379,7 +385,7 @@ def batch_fit(plan: Any) -> Fit | None:
 # ---------------------------------------------------------------- the host while loading
 
 
-def checkpoint_bytes(plan: Any) -> tuple[int, str]:
+def checkpoint_bytes(plan: LoadPlan, weights: Estimate) -> tuple[int, str]:
     """The checkpoint's size: its safetensors files when they are here, else parameters x the checkpoint's dtype."""
     files = _weight_files(plan.model, plan.config.source)
     if files:
@@ -387,7 +393,7 @@ def checkpoint_bytes(plan: Any) -> tuple[int, str]:
     import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
 
     size = getattr(torch, plan.checkpoint_dtype).itemsize
-    return plan.weight_estimate.parameters * size, f"parameters x {size} B ({plan.checkpoint_dtype})"
+    return weights.parameters * size, f"parameters x {size} B ({plan.checkpoint_dtype})"
 
 
 def _weight_files(model: str, source: str | None) -> list[Path]:
@@ -396,13 +402,13 @@ def _weight_files(model: str, source: str | None) -> list[Path]:
     return []
 
 
-def load_peak(plan: Any) -> LoadPeak | None:
+def load_peak(plan: LoadPlan) -> LoadPeak | None:
     """The host's peak while from_pretrained reads the checkpoint, by transformers' loading path."""
-    placement = plan.weight_placement
-    if placement is None or plan.weight_estimate is None:
+    placement, weights = plan.weight_placement, plan.weight_estimate
+    if placement is None or weights is None:
         return None
     on_cpu = sum(s.bytes for s in placement.devices if s.key == "cpu")
-    stored, _ = checkpoint_bytes(plan)
+    stored, _ = checkpoint_bytes(plan, weights)
     return outside_tensors.host_load_peak(on_cpu, stored, cast=plan.dtype != plan.checkpoint_dtype)
 
 

@@ -6,15 +6,19 @@ text and the HTML show the same rows.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any
 
 from nbhw.core import render
 from nbhw.core.plan import headroom, run_plan
 from nbhw.core.plan.arguments import DEFAULT_PADDING
 from nbhw.core.plan.estimate import Estimate
 from nbhw.core.plan.placement import DeviceShare, Placement
-from nbhw.core.plan.run_figures import PADDINGS
+from nbhw.core.plan.run_figures import PADDINGS, RunEstimate
 from nbhw.core.plan.run_plan import BATCH_LIMIT
+
+if TYPE_CHECKING:
+    from nbhw.core.plan.load_plan import LoadPlan
 
 size = render.size
 
@@ -27,7 +31,7 @@ def count(n: int) -> str:
     return str(n)
 
 
-def run_title(plan: Any, *, run: bool = True) -> str:
+def run_title(plan: LoadPlan, *, run: bool = True) -> str:
     """What the run is: tokens per sequence (and the encoder's), batch, and whether they are the defaults."""
     tokens = f"{plan.context:,} tokens per sequence (prompt + generated"
     tokens += ", the default: 4,096 or the model's maximum when smaller)" if plan.args.context is None else ")"
@@ -37,7 +41,7 @@ def run_title(plan: Any, *, run: bool = True) -> str:
     return f"Estimate for {tokens}, batch {plan.batch}{padding_words(plan)}"
 
 
-def padding_words(plan: Any) -> str:
+def padding_words(plan: LoadPlan) -> str:
     """How the batch's prompts come (said when there is more than one), and whether that is the default."""
     if plan.batch == 1:
         return ""
@@ -46,7 +50,7 @@ def padding_words(plan: Any) -> str:
     return f", prompts {PADDINGS[padding]} (padding={padding}{default})"
 
 
-def _cache_row(plan: Any, e: Estimate) -> str:
+def _cache_row(plan: LoadPlan, e: Estimate) -> str:
     run = plan.run
     if run is None:
         return f"not covered: {e.run_problem}"
@@ -59,7 +63,7 @@ def _cache_row(plan: Any, e: Estimate) -> str:
     )
 
 
-def _reserve_row(plan: Any) -> str:
+def _reserve_row(plan: LoadPlan) -> str:
     held = [(k, r) for k, r in plan.reserves.items()]
     if not held:
         return "none"
@@ -71,7 +75,7 @@ def _reserve_row(plan: Any) -> str:
     return f"{size(total)}: " + "; ".join(f"{device_label(plan, k)} {size(r.bytes)} ({r.what})" for k, r in held)
 
 
-def device_label(plan: Any, key: Any) -> str:
+def device_label(plan: LoadPlan, key: Hashable) -> str:
     placement = plan.weight_placement
     for share in placement.devices if placement else []:
         if share.key == key:
@@ -79,7 +83,7 @@ def device_label(plan: Any, key: Any) -> str:
     return str(key)
 
 
-def _max_context_row(plan: Any) -> str:
+def _max_context_row(plan: LoadPlan) -> str:
     fit = plan.context_fit
     if fit is None:
         return "not covered (no dry run)"
@@ -89,7 +93,7 @@ def _max_context_row(plan: Any) -> str:
     return f"{fit.value:,} tokens per sequence at batch {plan.batch} on this placement{top}"
 
 
-def _max_batch_row(plan: Any) -> str:
+def _max_batch_row(plan: LoadPlan) -> str:
     fit = plan.batch_fit
     if fit is None:
         return "not covered (no dry run)"
@@ -99,7 +103,7 @@ def _max_batch_row(plan: Any) -> str:
     return f"{fit.value:,}{more} sequences of {plan.context:,} tokens together"
 
 
-def _load_row(plan: Any) -> str | None:
+def _load_row(plan: LoadPlan) -> str | None:
     peak = plan.load_peak
     if peak is None:
         return None
@@ -114,7 +118,7 @@ PENDING = "planning… (the dry run of generate() fills this in)"
 SEARCHING = "searching… (a few more dry runs)"
 
 
-def estimate_rows(plan: Any, e: Estimate, *, run: bool = True, searches: bool = True) -> list[tuple[str, str]]:
+def estimate_rows(plan: LoadPlan, e: Estimate, *, run: bool = True, searches: bool = True) -> list[tuple[str, str]]:
     """The estimate's rows: weights, then the run, then training. ``run=False``: the weights only, the run's rows
     saying it is coming (the Load tab shows them first); ``searches=False``: max context and batch still coming."""
     quant = f", {e.quantization} weights" if e.quantization else ""
@@ -128,7 +132,7 @@ def estimate_rows(plan: Any, e: Estimate, *, run: bool = True, searches: bool = 
         return [*rows, _training_row(e)]
     rows.append(("KV cache", _cache_row(plan, e)))
     if plan.run is not None:
-        rows += _run_rows(plan, e, searches)
+        rows += _run_rows(plan, plan.run, e, searches)
     load = _load_row(plan)
     if load is not None:
         rows.append(("host at load", load))
@@ -154,12 +158,12 @@ KERNEL_WORDS = {
 }
 
 
-def _kernels(run: Any) -> str:
+def _kernels(run: RunEstimate) -> str:
     calls = [f"{KERNEL_WORDS.get(k, k)} ({n:,} calls)" for k, n in run.kernels.items()]
     return ", ".join(calls) or "no SDPA call"
 
 
-def _activations(run: Any, e: Estimate) -> str:
+def _activations(run: RunEstimate, e: Estimate) -> str:
     kernels = _kernels(run)
     if run.logits_to_keep:
         return (
@@ -169,8 +173,7 @@ def _activations(run: Any, e: Estimate) -> str:
     return f"{size(e.activation_bytes)} at the peak above weights and cache (attention sized as {kernels})"
 
 
-def _run_rows(plan: Any, e: Estimate, searches: bool) -> list[tuple[str, str]]:
-    run = plan.run
+def _run_rows(plan: LoadPlan, run: RunEstimate, e: Estimate, searches: bool) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
     if e.state_bytes:
         rows.append(("state", f"{size(e.state_bytes)} of the cache: fixed recurrent / conv state"))
@@ -229,7 +232,7 @@ def share_rows(placement: Placement) -> list[list[str]]:
     return rows
 
 
-def run_notes(plan: Any) -> list[str]:
+def run_notes(plan: LoadPlan) -> list[str]:
     """What the reader should know about the run: what the dry run does not see, and where the figures come from."""
     out: list[str] = []
     run = plan.run
@@ -244,7 +247,7 @@ def run_notes(plan: Any) -> list[str]:
     return out
 
 
-def run_dict(plan: Any) -> dict[str, Any]:
+def run_dict(plan: LoadPlan) -> dict[str, Any]:
     """The run's plain data for ``plan.to_dict()``."""
     return {
         "context": plan.context,
