@@ -26,6 +26,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -244,9 +246,9 @@ def dry_run(
     weights always come from the model at full depth. ``depth="full"`` runs every layer.
     """
     setup = setup or Setup()
+    layers = int(config.get_text_config().num_hidden_layers)
     if setup.strategy == "fsdp2":
         recorded_layers = max(recorded_layers, 7)
-    layers = int(config.get_text_config().num_hidden_layers)
     with setup.world():
         if depth == "full" or layers < recorded_layers + 2 or uniform_depth(config) is not None:
             return _full_depth(config, args, setup, batch)
@@ -279,7 +281,6 @@ def _full_depth(config: Any, args: TrainArgs, setup: Setup, batch: int | None) -
 
 
 def _deep(config: Any, args: TrainArgs, setup: Setup, batch: int | None, recorded: int) -> StepMemory:
-
     layers = int(config.get_text_config().num_hidden_layers)
     small = setup.build(with_depth(config, recorded), args)
     data = setup.batch(args, config.vocab_size, batch)
@@ -289,33 +290,22 @@ def _deep(config: Any, args: TrainArgs, setup: Setup, batch: int | None, recorde
         fb_peak, grads_at_peak = synthesize_peak(timeline, layers)
     except ValueError:
         return _full_depth(config, args, setup, batch)  # the layers do not repeat: run every one
-    model = setup.build(config, args)
-    if len({layer_signature(layer) for layer in decoder_layers(model)}) != 1:
+    whole = at_full_depth(config, args, setup, shallow.with_gradient)
+    if whole is None:
         return _full_depth(config, args, setup, batch)
-    extra = [*quant_state_tensors(model), data["input_ids"]]
-    optimizer = create_optimizer(model, args, args.device_type)
     with setup.tensors():
-        weights = _weights(model, extra, setup.device)
-        fb_peak += weights - shallow.weights  # the extra layers' weights are held from the start
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        got = dict(entry.split("|") for entry in shallow.with_gradient)
-        for name, p in model.named_parameters():
-            if p.requires_grad and _wildcard(name) in got:
-                # What backward leaves on the same parameters, with the layout it gave them (a transposed
-                # gradient makes the optimizer copy it).
-                p.grad = _empty_like_with_stride(p, tuple(int(x) for x in got[_wildcard(name)].split(",")))
-        gradients = sum(local_nbytes(p.grad) for p in trainable if p.grad is not None)
-        end, peak, largest = optimizer_phase(model, optimizer, device=setup.device, extra=extra)
-    states = end.get("Optstate", 0)
-    steady = fb_peak + states
-    step_total = peak.get("Total", 0)
+        rows = _weights(None, [data["input_ids"]], setup.device)  # the batch's ids, held through the step
+    weights = whole.weights + rows
+    fb_peak += weights - shallow.weights  # the extra layers' weights are held from the start
+    steady = fb_peak + whole.optimizer_states
+    step_total = whole.optimizer_step_peak + rows
     result = StepMemory(
         weights=weights,
-        trainable_parameters=sum(p.numel() for p in trainable),
-        parameters=sum(_unpacked_numel(p) for p in model.parameters()),
-        trainable_bytes=sum(local_nbytes(p) for p in trainable),
-        gradients=gradients,
-        optimizer_states=states,
+        trainable_parameters=whole.trainable_parameters,
+        parameters=whole.parameters,
+        trainable_bytes=whole.trainable_bytes,
+        gradients=whole.gradients,
+        optimizer_states=whole.optimizer_states,
         forward_backward_peak=fb_peak,
         optimizer_step_peak=step_total,
         peak=max(steady, step_total),
@@ -324,15 +314,93 @@ def _deep(config: Any, args: TrainArgs, setup: Setup, batch: int | None, recorde
         breakdown={"Total": max(steady, step_total)},
         with_gradient=shallow.with_gradient,
         first_step_peak=max(fb_peak, step_total),
-        largest_block=max(shallow.largest_block, largest),
+        largest_block=max(shallow.largest_block, whole.largest_block),
     )
-    result = with_preparation(result, model)
+    if whole.preparation is not None:
+        result.whole_model, result.preparation_peak = whole.preparation
+        result.first_step_peak = max(result.first_step_peak, result.preparation_peak)
     result.notes += [
         *meta_notes(args),
         f"forward/backward recorded with {recorded} of the {layers} decoder layers and the middle layers' period "
         "repeated (every layer has the same modules and parameters); weights and the optimizer step at full depth",
     ]
     return result
+
+
+@dataclass(frozen=True)
+class FullDepth:
+    """What a deep model's step holds at its full depth whatever its rows: the weights, the gradients backward
+    leaves and the optimizer step (the rows' ids not counted), and what FSDP2's preparation held."""
+
+    weights: int
+    trainable_parameters: int
+    parameters: int
+    trainable_bytes: int
+    gradients: int
+    optimizer_states: int
+    optimizer_step_peak: int
+    largest_block: int
+    preparation: tuple[int, int] | None  # (the whole model, the preparation's peak)
+
+
+_FULL_DEPTH: OrderedDict[tuple[Any, ...], FullDepth | None] = OrderedDict()
+_FULL_DEPTH_LOCK = threading.Lock()
+KEPT_FULL_DEPTHS = 16
+ROW_WORDS = ("batch", "context")  # what the step's rows are: not what the model at full depth holds
+
+
+def at_full_depth(config: Any, args: TrainArgs, setup: Setup, with_gradient: list[str]) -> FullDepth | None:
+    """The model at full depth with the gradients backward gave (their layout from the recorded layers) and its
+    optimizer step; None when its decoder layers differ. Once per config, arguments other than the rows, sharding
+    and gradients in this process: a search over context or batch builds the deep model once."""
+    rowless = tuple((f.name, getattr(args, f.name)) for f in dataclasses.fields(args) if f.name not in ROW_WORDS)
+    key = (config.to_json_string(use_diff=False), rowless, setup.strategy, setup.world_size, tuple(with_gradient))
+    with _FULL_DEPTH_LOCK:
+        if key in _FULL_DEPTH:
+            _FULL_DEPTH.move_to_end(key)
+            return _FULL_DEPTH[key]
+    found = _measure_full_depth(config, args, setup, with_gradient)
+    with _FULL_DEPTH_LOCK:
+        _FULL_DEPTH[key] = found
+        while len(_FULL_DEPTH) > KEPT_FULL_DEPTHS:
+            _FULL_DEPTH.popitem(last=False)
+    return found
+
+
+def forget_full_depths() -> None:
+    with _FULL_DEPTH_LOCK:
+        _FULL_DEPTH.clear()
+
+
+def _measure_full_depth(config: Any, args: TrainArgs, setup: Setup, with_gradient: list[str]) -> FullDepth | None:
+    model = setup.build(config, args)
+    if len({layer_signature(layer) for layer in decoder_layers(model)}) != 1:
+        return None
+    extra = quant_state_tensors(model)
+    optimizer = create_optimizer(model, args, args.device_type)
+    with setup.tensors():
+        weights = _weights(model, extra, setup.device)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        got = dict(entry.split("|") for entry in with_gradient)
+        for name, p in model.named_parameters():
+            if p.requires_grad and _wildcard(name) in got:
+                # What backward leaves on the same parameters, with the layout it gave them (a transposed
+                # gradient makes the optimizer copy it).
+                p.grad = _empty_like_with_stride(p, tuple(int(x) for x in got[_wildcard(name)].split(",")))
+        gradients = sum(local_nbytes(p.grad) for p in trainable if p.grad is not None)
+        end, peak, largest = optimizer_phase(model, optimizer, device=setup.device, extra=extra)
+    prepared = getattr(model, "_nbhw_preparation", None)
+    return FullDepth(
+        weights=weights,
+        trainable_parameters=sum(p.numel() for p in trainable),
+        parameters=sum(_unpacked_numel(p) for p in model.parameters()),
+        trainable_bytes=sum(local_nbytes(p) for p in trainable),
+        gradients=gradients,
+        optimizer_states=end.get("Optstate", 0),
+        optimizer_step_peak=peak.get("Total", 0),
+        largest_block=largest,
+        preparation=(prepared.whole_model, prepared.peak) if prepared is not None else None,
+    )
 
 
 def _local(t: Any) -> Any:
@@ -355,7 +423,7 @@ def _wildcard(name: str) -> str:
 
 def _weights(model: Any, extra: list[Any], device: str = "meta") -> int:
     tracker = tracker_class()()
-    tracker.track_external(model, *extra)
+    tracker.track_external(*([model] if model is not None else []), *extra)
     return snapshot(tracker, "current", device).get("Total", 0)
 
 

@@ -24,8 +24,10 @@ class Timeline:
             known = mods._known_modules
             self.names = {known[m]: i for i, m in enumerate(self.layers)}
         if self.names is not None:
-            for name in mods.parents:
-                layer = self.names.get(name, layer)
+            running = [i for name in mods.parents if (i := self.names.get(name)) is not None]
+            # Two layers at once (FSDP2's hooks overlap them): the one entered last in this phase's order, so the
+            # tags don't depend on the set's order.
+            layer = (min if mods.is_bw else max)(running, default=None)
         self.values.append(total)
         self.grads.append(grads)
         self.tags.append((mods.is_bw, layer))
@@ -54,23 +56,7 @@ def synthesize_peak(timeline: Timeline, layers: int) -> tuple[int, int]:
     if recorded < 5 or layers < recorded:
         raise ValueError("need a timeline of at least 5 layers (first, three middle, last) and no more than asked")
     values, grads = timeline.values, timeline.grads
-    inserts = []
-    for backward in (False, True):
-        spans = _blocks(timeline, backward)
-        # Three middle layers in execution order, from the centre: two periods away from both ends (FSDP2's
-        # prefetch makes the periods next to the first and last layers differ).
-        middle = list(range(1, recorded - 1))
-        middle = middle if not backward else middle[::-1]
-        centre = (len(middle) - 3) // 2
-        order = middle[centre : centre + 3]
-        a, b, c = (spans[i][0] for i in order)
-        if b - a != c - b:
-            raise ValueError("the middle decoder layers do not repeat exactly; run the full depth")
-        step = values[b] - values[a]
-        gstep = grads[b] - grads[a]
-        if any(values[b + j] - values[a + j] != step or grads[b + j] - grads[a + j] != gstep for j in range(b - a)):
-            raise ValueError("the middle decoder layers do not repeat exactly; run the full depth")
-        inserts.append((c, b, step, gstep))
+    inserts = [_period(timeline, backward) for backward in (False, True)]
     copies = layers - recorded
     best = (0, 0)
     shift = gshift = cursor = 0
@@ -86,6 +72,25 @@ def synthesize_peak(timeline: Timeline, layers: int) -> tuple[int, int]:
         gshift += copies * gstep
         cursor = at
     return max([best, *((v + shift, g + gshift) for v, g in zip(values[cursor:], grads[cursor:], strict=True))])
+
+
+def _period(timeline: Timeline, backward: bool) -> tuple[int, int, int, int]:
+    """Where one phase repeats: (the end of the second of two like periods, its start, the bytes and the gradient
+    bytes one more layer adds)."""
+    spans = _blocks(timeline, backward)
+    # Three middle layers in execution order, from the centre: two periods away from both ends (FSDP2's prefetch
+    # makes the periods next to the first and last layers differ).
+    middle = list(range(1, len(timeline.layers) - 1))
+    middle = middle if not backward else middle[::-1]
+    centre = (len(middle) - 3) // 2
+    a, b, c = (spans[i][0] for i in middle[centre : centre + 3])
+    values, grads = timeline.values, timeline.grads
+    step, gstep = values[b] - values[a], grads[b] - grads[a]
+    if b - a != c - b or any(
+        values[b + j] - values[a + j] != step or grads[b + j] - grads[a + j] != gstep for j in range(b - a)
+    ):
+        raise ValueError("the middle decoder layers do not repeat exactly; run the full depth")
+    return c, b, step, gstep
 
 
 def uniform_depth(config: Any) -> str | None:

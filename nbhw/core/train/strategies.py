@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nbhw.core.errors import UserError
-from nbhw.core.train import launch
+from nbhw.core.train import launch, step
 from nbhw.core.train.arguments import TrainArgs
 from nbhw.core.train.meta_patches import PATCH_LOCK
 from nbhw.core.train.sharded import StepRefused, tp_problems
@@ -263,6 +263,7 @@ def clear_cache() -> None:
     """Forget every dry run (tests; a transformers upgrade in a running kernel)."""
     with PATCH_LOCK:
         _STEPS.clear()
+    step.forget_full_depths()
 
 
 def compare_strategies(

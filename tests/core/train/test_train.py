@@ -190,6 +190,41 @@ def test_repeating_the_middle_layers_equals_running_every_layer() -> None:
                 assert getattr(deep, name) == getattr(full, name), (method, gc, name)
 
 
+def test_fsdp2s_step_from_a_few_layers_equals_running_every_layer() -> None:
+    """Under FSDP2's fake world too: its hooks overlap two layers, and the layer an op is tagged with must not
+    depend on a set's order (it did: the periods then repeated only under some hash seeds and the plan ran every
+    layer of the model)."""
+    config = step_depth.with_depth(families.llama(), 13)
+    for (method, gc), world in ((("full", False), 2), (("lora", True), 4)):
+        args = args_for(method, gc)
+        full = S.dry_run(config, args, depth="full", setup=S.Setup("fsdp2", world))
+        deep = S.dry_run(config, args, depth="auto", setup=S.Setup("fsdp2", world))
+        assert any("recorded with 7 of the 13" in n for n in deep.notes), deep.notes
+        for name in ("peak", "forward_backward_peak", "first_step_peak", "weights", "optimizer_states", "gradients"):
+            assert getattr(deep, name) == getattr(full, name), (method, world, name)
+        assert (deep.whole_model, deep.preparation_peak) == (full.whole_model, full.preparation_peak)
+
+
+def test_a_search_over_rows_builds_the_deep_model_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The weights and the optimizer step at full depth don't depend on the rows: a search over context measures
+    them once, and each context's figures equal its own full-depth run."""
+    config = step_depth.with_depth(families.llama(), 12)
+    S.forget_full_depths()
+    measured: list[int] = []
+    measure = S._measure_full_depth
+    monkeypatch.setattr(S, "_measure_full_depth", lambda *a: measured.append(1) or measure(*a))
+    for context in (32, 48, 64):
+        args = args_for("lora", True, context=context)
+        deep = S.dry_run(config, args)
+        full = S.dry_run(config, args, depth="full")
+        assert (deep.peak, deep.weights, deep.optimizer_step_peak) == (
+            full.peak,
+            full.weights,
+            full.optimizer_step_peak,
+        )
+    assert len(measured) == 1
+
+
 def test_max_batch_is_a_measured_answer() -> None:
     config = families.llama()
     args = args_for("lora", True)
