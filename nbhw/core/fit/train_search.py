@@ -91,7 +91,7 @@ class TrainJudged:
         """The plan's own words: the refusal, else its verdict (and why its strategy, across several devices)."""
         if self.plan is None:
             return self.refused or "not planned"
-        why = f" ({self.plan.why})" if len(self.plan.rows) > 1 else ""
+        why = f" ({self.plan.why})" if len(self.plan.compared.choices) > 1 else ""
         return self.plan.verdict + why
 
     def to_dict(self) -> dict[str, Any]:
@@ -167,6 +167,8 @@ def _shorter(search: TrainSearch, least: TrainJudged) -> Iterator[TrainChange]:
         return fits_at[context].fits
 
     high = least.plan.args.context
+    if high // 2 >= 2 and not fits(2):
+        return  # what the step holds whatever its rows is over already: no context fits
     low = high // 2
     while low >= 2 and not fits(low):
         high, low = low, low // 2

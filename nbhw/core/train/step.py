@@ -99,13 +99,14 @@ def measure_step(
     extra: list[Any] | None = None,
     timeline: Any = None,
 ) -> StepMemory:
-    """Run one training step under the tracker and split its memory the way a person asks about it."""
+    """Run one training step under the tracker and split its memory the way a person asks about it (``optimizer``
+    None: forward and backward only, the optimizer's figures 0)."""
     import torch  # lazy: import nbhw stays free of torch
 
     device = torch.device(device)
     tracker = tracker_class()()
     tracker.timeline = timeline
-    tracker.track_external(model, optimizer, *(extra or []))
+    tracker.track_external(model, *([optimizer] if optimizer is not None else []), *(extra or []))
     tracker.largest = 0  # the weights were made at load
     params = list(model.parameters())
     trainable = [p for p in params if p.requires_grad]
@@ -125,7 +126,9 @@ def measure_step(
             if p.grad is not None
         }
     )
-    end, peak, largest = optimizer_phase(model, optimizer, device=device, extra=extra)
+    end, peak, largest = (
+        ({}, {}, 0) if optimizer is None else optimizer_phase(model, optimizer, device=device, extra=extra)
+    )
     weights = start.get("Total", 0)
     states = end.get("Optstate", 0)
     fb_total = fb_peak.get("Total", 0)
@@ -255,8 +258,12 @@ def dry_run(
         return _deep(config, args, setup, batch, recorded_layers)
 
 
-def _step(model: Any, args: TrainArgs, setup: Setup, data: dict[str, Any], timeline: Any = None) -> StepMemory:
-    optimizer = create_optimizer(model, args, args.device_type)
+def _step(
+    model: Any, args: TrainArgs, setup: Setup, data: dict[str, Any], timeline: Timeline | None = None
+) -> StepMemory:
+    """The step on ``model``; with a ``timeline`` (a few layers recorded), forward and backward only: the optimizer
+    step is measured on the model at full depth."""
+    optimizer = create_optimizer(model, args, args.device_type) if timeline is None else None
     extra = [*quant_state_tensors(model), data["input_ids"]]
     with setup.tensors(), setup.step_context(args):
         found = measure_step(model, optimizer, data, args, device=setup.device, extra=extra, timeline=timeline)
@@ -346,7 +353,9 @@ class FullDepth:
 _FULL_DEPTH: OrderedDict[tuple[Any, ...], FullDepth | None] = OrderedDict()
 _FULL_DEPTH_LOCK = threading.Lock()
 KEPT_FULL_DEPTHS = 16
-ROW_WORDS = ("batch", "context")  # what the step's rows are: not what the model at full depth holds
+# What the model at full depth, its gradients and its optimizer step do not depend on: the rows, and how forward
+# and backward run over them (checkpointing, accumulation).
+ROW_WORDS = ("batch", "context", "gradient_checkpointing", "gradient_accumulation_steps")
 
 
 def at_full_depth(config: Any, args: TrainArgs, setup: Setup, with_gradient: list[str]) -> FullDepth | None:

@@ -118,11 +118,17 @@ class TrainPlan(Shown):
     device: Device
     dtype_reason: str
     reserve: outside_tensors.Reserve
-    rows: list[RankEstimate]
+    compared: Compared  # every strategy's row, each estimated when first asked
     recommended: RankEstimate
     why: str
     _config: Any = field(repr=False, default=None)
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def rows(self) -> list[RankEstimate]:
+        """Every strategy's per-rank estimate, in the comparison's order (those the recommendation didn't need are
+        dry-run now)."""
+        return self.compared.rows()
 
     @property
     def estimate(self) -> StepMemory | None:
@@ -234,40 +240,62 @@ def search_batch(peak: Callable[[int], int], budget: int, *, limit: int) -> int:
     return guess
 
 
-def _rows(config: Any, args: TrainArgs) -> list[RankEstimate]:
-    if args.world_size == 1:
-        return [strategies.strategy_estimate(config, args, "single", 1, mistakes=True)]
-    if args.strategy != "auto":
-        world = args.devices if args.strategy == "tp" else args.world_size
-        return [strategies.strategy_estimate(config, args, args.strategy, world, offload=args.offload, mistakes=True)]
-    rows = strategies.compare_strategies(config, args, tuple(c for c in strategies.CHOICES if c[0] != "single"))
-    if args.nodes > 1:
-        for row in rows:
-            if row.strategy == "tp":
-                row.problems.append("tensor parallelism runs within one node; use fsdp2 or zero3 across nodes")
-    return rows
+class Compared:
+    """The strategies a plan compares, each row estimated the first time it is asked for: the recommendation asks
+    in :data:`PREFERENCE` order and stops at the first that fits, so a search's plans dry-run no strategy after it
+    (the rest are run when the plan's table is shown)."""
 
+    def __init__(self, config: Any, args: TrainArgs) -> None:
+        self.config, self.args = config, args
+        if args.world_size == 1:
+            self.choices: tuple[tuple[str, bool], ...] = (("single", False),)
+        elif args.strategy != "auto":
+            self.choices = ((args.strategy, args.offload),)
+        else:
+            self.choices = tuple(c for c in strategies.CHOICES if c[0] != "single")
+        self._found: dict[tuple[str, bool], RankEstimate] = {}
 
-def _recommend(rows: list[RankEstimate], budget: int | None) -> tuple[RankEstimate, str]:
-    if len(rows) == 1:
-        return rows[0], "as asked" if rows[0].strategy != "single" else "one device"
-    by_choice = {(r.strategy, r.offload): r for r in rows}
-    runnable = [by_choice[c] for c in PREFERENCE if c in by_choice and by_choice[c].ok]
-    if not runnable:
-        return rows[0], "no strategy runs"
-    if budget is None:
-        least = min((r for r in runnable if not r.offload), key=lambda r: r.device_bytes, default=runnable[0])
-        return least, "the device's memory is unknown: the least per rank without offload"
-    fitting = [r for r in runnable if r.device_bytes <= budget]
-    if not fitting:
+    def row(self, choice: tuple[str, bool]) -> RankEstimate:
+        if choice not in self._found:
+            with meta_build.quiet():
+                self._found[choice] = self._estimate(*choice)
+        return self._found[choice]
+
+    def _estimate(self, strategy: str, offload: bool) -> RankEstimate:
+        args, asked = self.args, len(self.choices) == 1
+        world = 1 if strategy == "single" else args.devices if strategy == "tp" else args.world_size
+        found = strategies.strategy_estimate(self.config, args, strategy, world, offload=offload, mistakes=asked)
+        if strategy == "tp" and args.nodes > 1 and not asked:
+            found.problems.append("tensor parallelism runs within one node; use fsdp2 or zero3 across nodes")
+        return found
+
+    def rows(self) -> list[RankEstimate]:
+        return [self.row(c) for c in self.choices]
+
+    def recommend(self, budget: int | None) -> tuple[RankEstimate, str]:
+        """The first runnable strategy in :data:`PREFERENCE` that fits ``budget``, and why; with none that fits
+        (or the budget unknown), the one that needs the least."""
+        if len(self.choices) == 1:
+            only = self.row(self.choices[0])
+            return only, "as asked" if only.strategy != "single" else "one device"
+        runnable: list[RankEstimate] = []
+        for choice in (c for c in PREFERENCE if c in self.choices):
+            found = self.row(choice)
+            if not found.ok:
+                continue
+            if budget is not None and found.device_bytes <= budget:
+                why = "the first that fits, in the order DDP, FSDP2, ZeRO-2, ZeRO-3, TP, then offload"
+                if runnable:
+                    why += "; " + ", ".join(f"{r.label} needs {size(r.device_bytes)}" for r in runnable)
+                return found, why
+            runnable.append(found)
+        if not runnable:
+            return self.rows()[0], "no strategy runs"
+        if budget is None:
+            least = min((r for r in runnable if not r.offload), key=lambda r: r.device_bytes, default=runnable[0])
+            return least, "the device's memory is unknown: the least per rank without offload"
         least = min(runnable, key=lambda r: r.device_bytes)
         return least, f"none fits {size(max(budget, 0))} (the device less the reserve); this one needs the least"
-    first = fitting[0]
-    skipped = runnable[: runnable.index(first)]
-    why = "the first that fits, in the order DDP, FSDP2, ZeRO-2, ZeRO-3, TP, then offload"
-    if skipped:
-        why += "; " + ", ".join(f"{r.label} needs {size(r.device_bytes)}" for r in skipped)
-    return first, why
 
 
 def _config(name: str, offline: bool) -> tuple[Any, str]:
@@ -297,14 +325,13 @@ def build_plan(name: str, asked: TrainArgs, *, offline: bool = False) -> TrainPl
     args = dataclasses.replace(asked, dtype=dtype, device_type=device.device_type, strategy=strategy,
                                mixed_precision=mixed)  # fmt: skip
     reserve = _reserve(device)
-    with meta_build.quiet():
-        rows = _rows(config, args)
+    compared = Compared(config, args)
     budget = None if device.total is None else device.total - reserve.bytes
-    chosen, why = _recommend(rows, budget)
+    chosen, why = compared.recommend(budget)
     args = dataclasses.replace(args, strategy=chosen.strategy, offload=chosen.offload)
     target = target_of(asked.target)
     notes = [target.not_here] if target is not None else []
-    return TrainPlan(name, asked, args, source, device, dtype_reason, reserve, rows, chosen, why, config, notes)
+    return TrainPlan(name, asked, args, source, device, dtype_reason, reserve, compared, chosen, why, config, notes)
 
 
 def from_words(args: Any) -> TrainPlan:
@@ -408,7 +435,7 @@ def plan_text(plan: TrainPlan) -> str:
         lines += [f"  {'rank peak'.ljust(width)}  {size(plan.recommended.device_bytes)} + reserve"]
         lines += [f"  {k.ljust(width)}  {v}" for k, v in _room(plan)] + [""]
     lines += [f"Verdict: {plan.verdict}"]
-    if len(plan.rows) > 1:
+    if len(plan.compared.choices) > 1:
         lines += ["", "Strategies (per rank)"]
         headers = ["", "strategy", "device", "host", "from"]
         lines += [render.text_table(headers, _strategy_rows(plan), indent="  ")]

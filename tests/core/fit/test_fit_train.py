@@ -110,6 +110,21 @@ def test_nothing_fits_names_a_shorter_context_that_does(folders: dict[str, str])
     assert "Nearest changes that fit" in result.text() and shorter[0].what in result.text()
 
 
+def test_when_no_context_can_fit_one_probe_says_so(folders: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below what the step holds whatever its rows (weights, gradients, optimizer state), no shorter context fits:
+    the search probes the shortest once instead of halving down to it."""
+    from nbhw.core.fit import train_search
+
+    folder, context = folders["llama"], 256
+    floor = nbhw.train_plan(folder, context=2, batch=ROWS, method="lora", **ON).peak_bytes
+    contexts: list[int] = []
+    plan = train_search.train_plan
+    monkeypatch.setattr(train_search, "train_plan", lambda *a, **k: contexts.append(k["context"]) or plan(*a, **k))
+    result = nbhw.fit(folder, task="train", batch=ROWS, context=context, device_memory=floor // 2, **ON)
+    assert result.plan is None and not [c for c in result.nearest if c.what.startswith("context ")]
+    assert [c for c in contexts if c != context] == [2]
+
+
 def test_a_training_plan_for_a_catalog_target_takes_its_memory_count_and_precision(folders: dict[str, str]) -> None:
     from nbhw.core.hardware.targets import parse_target
 

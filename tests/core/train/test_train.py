@@ -282,15 +282,27 @@ def tiny_embedding_bytes(folder: Path, dtype: str) -> int:
     return int(config["vocab_size"]) * int(config["hidden_size"]) * (4 if dtype == "float32" else 2)
 
 
-def test_strategies_on_two_devices_are_compared_and_one_recommended(tiny: Path) -> None:
+def test_strategies_on_two_devices_are_compared_and_one_recommended(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    estimated: list[tuple[str, bool]] = []
+    estimate = strategies.strategy_estimate
+
+    def counted(config: Any, args: Any, strategy: str, world: int, **kw: Any) -> Any:
+        estimated.append((strategy, kw.get("offload", False)))
+        return estimate(config, args, strategy, world, **kw)
+
+    monkeypatch.setattr(strategies, "strategy_estimate", counted)
     plan = train_plan(tiny, method="full", batch=2, context=64, devices=2, device_type="cpu", device_memory="600MiB")
-    labels = {(r.strategy, r.offload) for r in plan.rows}
+    assert estimated == [("ddp", False)]  # the first in the order fits: no other strategy is dry-run for it
+    labels = {(r.strategy, r.offload) for r in plan.rows}  # the table: every other one now, each once
     assert labels == {c for c in strategies.CHOICES if c[0] != "single"}
     assert plan.recommended.strategy == "ddp" and "first that fits" in plan.why
     by = {(r.strategy, r.offload): r for r in plan.rows}
     assert by[("fsdp2", False)].device_bytes < by[("ddp", False)].device_bytes
     assert by[("fsdp2", True)].host_bytes > 0 and "rule" in by[("zero3", False)].source
     assert plan.launch.command == "torchrun --nnodes 1 --nproc_per_node 2 train_nbhw.py"
+    assert sorted(estimated) == sorted(labels)
 
 
 def test_sharded_strategies_in_one_process_for_eight_ranks() -> None:
