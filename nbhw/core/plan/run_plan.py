@@ -223,8 +223,12 @@ def run_fits(plan: LoadPlan) -> bool | None:
     """Whether the run fits every device's budget: the verdict's own test ("fits"), without the search for the
     largest context that the other verdicts report; None when the verdict is not about the run."""
     placement: Placement | None = plan.weight_placement
+    if placement is None or placement.kind in ("none", "too_big"):
+        return None
+    if weights_alone_over(plan, placement, least_margin=False):
+        return False  # a run's peak holds its weights: no dry run can fit it
     outcome = plan.dry_run.run
-    if placement is None or placement.kind in ("none", "too_big") or outcome is None:
+    if outcome is None:
         return None
     return not any(s.over_bytes is not None and s.over_bytes > 0 for s in run_shares(plan, placement, outcome))
 
@@ -335,24 +339,32 @@ def _run_verdict(
 # ---------------------------------------------------------------- searches
 
 
-def _weights_alone_too_big(found: dict[Hashable, int], plan: LoadPlan, outcome: RunEstimate, most: int) -> Fit | None:
-    """A Fit of 0 when some device can't even hold its weights, its reserve and the least its allocator needs left
-    free (a run's smallest margin): no dry run can change that."""
-    least = {d: margin(d, plan, 0) for d in found}
-    if any(found[d] - (room.bytes if room else 0) < outcome.devices[d].weight_bytes for d, room in least.items()):
-        return Fit(0, most, 0, "the weights, the reserve and the allocator's least margin alone are over a budget")
-    return None
+def weights_alone_over(plan: LoadPlan, placement: Placement, *, least_margin: bool) -> bool:
+    """Whether some device the run uses can't hold its placed weights and its reserve (``least_margin``: and the
+    least its allocator needs left free, a run's smallest margin): a run's peak holds its weights, so no dry run can
+    fit it (read from the placement: no dry run)."""
+    running = set(placement.device_map.values())
+    for share in placement.devices:
+        if share.budget is None or share.key == DISK or share.key not in running:
+            continue
+        held, room = reserve(share.key, plan), margin(share.key, plan, 0) if least_margin else None
+        if share.bytes + (held.bytes if held else 0) + (room.bytes if room else 0) > share.budget:
+            return True
+    return False
+
+
+WEIGHTS_ALONE = "the weights, the reserve and the allocator's least margin alone are over a budget"
 
 
 def context_fit(plan: LoadPlan) -> Fit | None:
     """The largest context (prompt + generated) that fits every device at the plan's batch; None without a run."""
-    outcome, placement = plan.dry_run.run, plan.weight_placement
+    placement = plan.weight_placement
+    if placement is not None and weights_alone_over(plan, placement, least_margin=True):
+        return Fit(0, plan.context_limit or run_search.NO_LIMIT, 0, WEIGHTS_ALONE)
+    outcome = plan.dry_run.run
     if outcome is None or placement is None:
         return None
     found = limits(plan, placement, outcome)
-    too_big = _weights_alone_too_big(found, plan, outcome, plan.context_limit or run_search.NO_LIMIT)
-    if too_big is not None:
-        return too_big
     try:
         return run_search.max_context(
             plan.meta_model, found, batch=plan.batch, target=plan.run_target, start=plan.context,
@@ -365,13 +377,13 @@ def context_fit(plan: LoadPlan) -> Fit | None:
 
 def batch_fit(plan: LoadPlan) -> Fit | None:
     """The most sequences of the plan's context that fit every device together; None without a run."""
-    outcome, placement = plan.dry_run.run, plan.weight_placement
+    placement = plan.weight_placement
+    if placement is not None and weights_alone_over(plan, placement, least_margin=True):
+        return Fit(0, BATCH_LIMIT, 0, WEIGHTS_ALONE)
+    outcome = plan.dry_run.run
     if outcome is None or placement is None:
         return None
     found = limits(plan, placement, outcome)
-    too_big = _weights_alone_too_big(found, plan, outcome, BATCH_LIMIT)
-    if too_big is not None:
-        return too_big
     try:
         return run_search.max_batch(
             plan.meta_model, found, context=plan.context, target=plan.run_target,

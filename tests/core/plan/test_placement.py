@@ -18,6 +18,7 @@ from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.core.plan import placement
 from tests.support import families, published
 from tests.support.fakes import GIB, FakeGpu, FakeHardware
+from tests.support.models import config_only
 
 BUDGETS: list[dict[Any, str]] = [
     {0: "150KB", 1: "150KB", "cpu": "1GB"},
@@ -211,3 +212,24 @@ def test_t5_11b_in_float16_on_24_gib_is_all_on_the_gpu_and_over_its_budget(tmp_p
     assert shown.notes == [
         "transformers maps before keeping wo in float32; accelerator 0 gets 6.0 GiB more than the map assumed"
     ]
+
+
+def test_a_device_its_weights_and_reserve_fill_is_refused_without_a_dry_run(
+    fake_hw: FakeHardware, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's peak holds its weights: where the placed weights and the framework's reserve are over a device's
+    memory, "does the run fit" and the longest context / largest batch are answered without a dry run, and the
+    dry run the verdict makes agrees."""
+    from nbhw.core.plan import run_plan
+
+    folder = config_only(families.llama(), tmp_path / "llama", "LlamaForCausalLM")
+    weights = nbhw.plan(folder, dtype="float32").weight_estimate.total_bytes
+    fake_hw.nvidia(FakeGpu(total=weights + 64 * 2**20, used=0))  # the weights and 64 MiB: less than CUDA's reserve
+    plan = nbhw.plan(folder, dtype="float32", device_map="cuda:0")
+    assert plan.weight_placement is not None and plan.weight_placement.kind == "one_device"
+    runs: list[int] = []
+    estimate = run_plan.run.run_estimate
+    monkeypatch.setattr(run_plan.run, "run_estimate", lambda *a, **k: runs.append(1) or estimate(*a, **k))
+    assert plan.run_fits is False and plan.max_context == 0 and plan.max_batch == 0
+    assert plan.context_fit is not None and plan.context_fit.dry_runs == 0 and runs == []
+    assert plan.placement is not None and plan.placement.run_kind == "does_not_fit" and runs == [1]
