@@ -18,6 +18,8 @@ from nbhw.core.memory.out_of_memory import is_out_of_memory
 
 if TYPE_CHECKING:
     from nbhw.core.argument import Argument
+    from nbhw.core.plan.load_plan import LoadPlan
+    from nbhw.core.train.train_plan import TrainPlan
 
 
 def in_kernel(shell: Any) -> bool:
@@ -99,10 +101,12 @@ class HwMagics(Magics):
         from nbhw.core.argument import given
         from nbhw.core.plan.arguments import PLAN_ARGUMENTS
 
-        plan: Any = commands.answer(args)  # a mistake in the words is a UsageError here, not a message in a panel
+        answer = commands.answer(args)  # a mistake in the words is a UsageError here, not a message in a panel
         if args.task == "train":
-            self._load_train(plan, args)
-        elif args.emit:
+            self._load_train(answer, args)
+            return
+        plan: LoadPlan = answer
+        if args.emit:
             self.shell.set_next_input(plan.code, replace=False)
             display(plan.view(code=False))
         elif args.json:
@@ -115,7 +119,7 @@ class HwMagics(Magics):
         else:
             display(plan)
 
-    def _load_train(self, plan: Any, args: argparse.Namespace) -> None:
+    def _load_train(self, plan: TrainPlan, args: argparse.Namespace) -> None:
         """%hw load --task train: the Load tab in its Train mode (--emit, --json, a terminal: the training plan)."""
         from nbhw.core.argument import given
         from nbhw.core.train.arguments import TRAIN_ARGUMENTS
