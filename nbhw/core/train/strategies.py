@@ -264,16 +264,3 @@ def clear_cache() -> None:
     with PATCH_LOCK:
         _STEPS.clear()
     step.forget_full_depths()
-
-
-def compare_strategies(
-    config: Any, args: TrainArgs, choices: tuple[tuple[str, bool], ...] = CHOICES
-) -> list[RankEstimate]:
-    """Every strategy's per-rank estimate over ``args.world_size`` devices (one device for "single")."""
-    rows = []
-    for strategy, offload in choices:
-        world = 1 if strategy == "single" else args.world_size
-        if strategy == "tp":
-            world = args.devices  # within one node
-        rows.append(strategy_estimate(config, args, strategy, world, offload=offload))
-    return rows

@@ -230,9 +230,12 @@ def test_this_machine_with_bitsandbytes_gives_no_finding(bitsandbytes_installed:
 
 def test_a_healthy_run_is_fast() -> None:
     doctor.doctor()
-    start = time.perf_counter()
-    doctor.doctor()
-    assert time.perf_counter() - start < 1.0
+    seconds = []
+    for _ in range(3):  # the best of three: the suite's other worker shares the cores
+        start = time.perf_counter()
+        doctor.doctor()
+        seconds.append(time.perf_counter() - start)
+    assert min(seconds) < 1.0, seconds
 
 
 # ---------------------------------------------------------------- the ELF reader against real files
