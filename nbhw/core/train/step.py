@@ -26,12 +26,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import threading
-from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from nbhw.core.cache import Recent
 from nbhw.core.hf.depth import decoder_layers, layer_signature
 from nbhw.core.train.arguments import TrainArgs
 from nbhw.core.train.meta_patches import meta_step_context, sharded_step_context, snapshot, tracker_class
@@ -350,9 +349,7 @@ class FullDepth:
     preparation: tuple[int, int] | None  # (the whole model, the preparation's peak)
 
 
-_FULL_DEPTH: OrderedDict[tuple[Any, ...], FullDepth | None] = OrderedDict()
-_FULL_DEPTH_LOCK = threading.Lock()
-KEPT_FULL_DEPTHS = 16
+_FULL_DEPTH: Recent[FullDepth | None] = Recent(16)
 # What the model at full depth, its gradients and its optimizer step do not depend on: the rows, and how forward
 # and backward run over them (checkpointing, accumulation).
 ROW_WORDS = ("batch", "context", "gradient_checkpointing", "gradient_accumulation_steps")
@@ -364,21 +361,11 @@ def at_full_depth(config: Any, args: TrainArgs, setup: Setup, with_gradient: lis
     and gradients in this process: a search over context or batch builds the deep model once."""
     rowless = tuple((f.name, getattr(args, f.name)) for f in dataclasses.fields(args) if f.name not in ROW_WORDS)
     key = (config.to_json_string(use_diff=False), rowless, setup.strategy, setup.world_size, tuple(with_gradient))
-    with _FULL_DEPTH_LOCK:
-        if key in _FULL_DEPTH:
-            _FULL_DEPTH.move_to_end(key)
-            return _FULL_DEPTH[key]
-    found = _measure_full_depth(config, args, setup, with_gradient)
-    with _FULL_DEPTH_LOCK:
-        _FULL_DEPTH[key] = found
-        while len(_FULL_DEPTH) > KEPT_FULL_DEPTHS:
-            _FULL_DEPTH.popitem(last=False)
-    return found
+    return _FULL_DEPTH.get(key, lambda: _measure_full_depth(config, args, setup, with_gradient))
 
 
 def forget_full_depths() -> None:
-    with _FULL_DEPTH_LOCK:
-        _FULL_DEPTH.clear()
+    _FULL_DEPTH.clear()
 
 
 def _measure_full_depth(config: Any, args: TrainArgs, setup: Setup, with_gradient: list[str]) -> FullDepth | None:

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from nbhw.core.cache import Recent
 from nbhw.core.errors import UserError
 from nbhw.core.train import launch, step
 from nbhw.core.train.arguments import TrainArgs
-from nbhw.core.train.meta_patches import PATCH_LOCK
 from nbhw.core.train.sharded import StepRefused, tp_problems
 from nbhw.core.train.step import Setup, StepMemory, dry_run
 
@@ -233,7 +232,7 @@ def _zero_rule(single: StepMemory, args: TrainArgs, strategy: str, world_size: i
     return RankEstimate(strategy, n, offload, device, host, source, single)
 
 
-_STEPS: OrderedDict[tuple[Any, ...], StepMemory] = OrderedDict()
+_STEPS: Recent[StepMemory] = Recent(CACHED_STEPS)
 
 
 def _step_key(args: TrainArgs) -> TrainArgs:
@@ -246,21 +245,11 @@ def cached_dry_run(config: Any, args: TrainArgs, strategy: str = "single", world
     """The dry run of one rank's step, once per (config, arguments, sharding) in this process (the last few kept):
     DDP and ZeRO share the single-device step, FSDP2 with and without offload share one sharded run."""
     key = (config.to_json_string(use_diff=False), _step_key(args), strategy, world_size)
-    with PATCH_LOCK:
-        if key in _STEPS:
-            _STEPS.move_to_end(key)
-            return _STEPS[key]
     setup = Setup(strategy, world_size) if strategy in ("tp", "fsdp2") else None
-    found = dry_run(config, args, setup=setup)
-    with PATCH_LOCK:
-        _STEPS[key] = found
-        while len(_STEPS) > CACHED_STEPS:
-            _STEPS.popitem(last=False)
-    return found
+    return _STEPS.get(key, lambda: dry_run(config, args, setup=setup))
 
 
 def clear_cache() -> None:
     """Forget every dry run (tests; a transformers upgrade in a running kernel)."""
-    with PATCH_LOCK:
-        _STEPS.clear()
+    _STEPS.clear()
     step.forget_full_depths()
