@@ -242,7 +242,7 @@ def run_tight(plan: LoadPlan) -> bool | None:
     """Whether a run that fits leaves some device less room than its allocator needs (the verdict's "tight": read
     from the plan's placement, which searches nothing when the run fits); None when it doesn't fit or no run
     answers."""
-    if not run_fits(plan) or plan.placement is None:
+    if not plan.run_fits or plan.placement is None:
         return None
     return plan.placement.run_kind == "tight"
 

@@ -34,7 +34,7 @@ from nbhw.core.cache import Recent
 from nbhw.core.hf.depth import decoder_layers, layer_signature
 from nbhw.core.train.arguments import TrainArgs
 from nbhw.core.train.meta_patches import meta_step_context, sharded_step_context, snapshot, tracker_class
-from nbhw.core.train.sharded import fake_world, fsdp2_model, global_shapes_uncounted, tp_model
+from nbhw.core.train.sharded import Preparation, fake_world, fsdp2_model, global_shapes_uncounted, tp_model
 from nbhw.core.train.step_depth import Timeline, synthesize_peak, uniform_depth, with_depth
 from nbhw.core.train.training_build import (
     attention_target,
@@ -266,12 +266,11 @@ def _step(
     extra = [*quant_state_tensors(model), data["input_ids"]]
     with setup.tensors(), setup.step_context(args):
         found = measure_step(model, optimizer, data, args, device=setup.device, extra=extra, timeline=timeline)
-    return with_preparation(found, model)
+    return with_preparation(found, getattr(model, "_nbhw_preparation", None))
 
 
-def with_preparation(found: StepMemory, model: Any) -> StepMemory:
+def with_preparation(found: StepMemory, prepared: Preparation | None) -> StepMemory:
     """The first step's peak with what Trainer prepared before it (FSDP2's sharding), said in the notes."""
-    prepared = getattr(model, "_nbhw_preparation", None)
     if prepared is None:
         return found
     found.whole_model, found.preparation_peak = prepared.whole_model, prepared.peak
@@ -322,9 +321,7 @@ def _deep(config: Any, args: TrainArgs, setup: Setup, batch: int | None, recorde
         first_step_peak=max(fb_peak, step_total),
         largest_block=max(shallow.largest_block, whole.largest_block),
     )
-    if whole.preparation is not None:
-        result.whole_model, result.preparation_peak = whole.preparation
-        result.first_step_peak = max(result.first_step_peak, result.preparation_peak)
+    result = with_preparation(result, whole.preparation)
     result.notes += [
         *meta_notes(args),
         f"forward/backward recorded with {recorded} of the {layers} decoder layers and the middle layers' period "
@@ -346,7 +343,7 @@ class FullDepth:
     optimizer_states: int
     optimizer_step_peak: int
     largest_block: int
-    preparation: tuple[int, int] | None  # (the whole model, the preparation's peak)
+    preparation: Preparation | None  # what FSDP2's sharding held before the first step
 
 
 _FULL_DEPTH: Recent[FullDepth | None] = Recent(16)
@@ -385,7 +382,6 @@ def _measure_full_depth(config: Any, args: TrainArgs, setup: Setup, with_gradien
                 p.grad = _empty_like_with_stride(p, tuple(int(x) for x in got[_wildcard(name)].split(",")))
         gradients = sum(local_nbytes(p.grad) for p in trainable if p.grad is not None)
         end, peak, largest = optimizer_phase(model, optimizer, device=setup.device, extra=extra)
-    prepared = getattr(model, "_nbhw_preparation", None)
     return FullDepth(
         weights=weights,
         trainable_parameters=sum(p.numel() for p in trainable),
@@ -395,7 +391,7 @@ def _measure_full_depth(config: Any, args: TrainArgs, setup: Setup, with_gradien
         optimizer_states=end.get("Optstate", 0),
         optimizer_step_peak=peak.get("Total", 0),
         largest_block=largest,
-        preparation=(prepared.whole_model, prepared.peak) if prepared is not None else None,
+        preparation=getattr(model, "_nbhw_preparation", None),
     )
 
 
