@@ -18,7 +18,9 @@ cache_implementation). Options are ranked by, in turn:
 4. **attention**: faster before slower (:data:`ATTENTION_ORDER`);
 5. **kernels**: use_kernels off, then on (its Hub downloads are not checked before load);
 6. **device_map strategy**, in the order transformers lists them (auto first);
-7. **memory share**: each accelerator's whole budget, then less (:data:`MEMORY_SHARES`), leaving room for the run.
+7. **memory share**: each accelerator's whole budget, then less (:data:`MEMORY_SHARES`), leaving room for the run:
+   ``max_memory`` bounds what from_pretrained fills with weights, and the plan's ``budget`` keeps each device's whole
+   memory for the run (the cache and activations may use what the weights leave).
 
 Why the cache comes after the weights' precision and before attention: an offloaded cache loses nothing (it costs
 decode speed: each layer's keys and values cross to the host and back every token), and a quantized cache
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +62,7 @@ QUANTIZATION_FIRST = ("8bit", "4bit", "torchao", "hqq", "quanto")
 CACHE_ORDER = (None, "offloaded", "quantized")
 MEMORY_SHARES = (1.0, 0.85, 0.7, 0.55)
 KERNELS = (False, True)
+UNCUT = ("cpu", "disk", "mps")  # max_memory keys a share leaves whole (they hold layers, or run with shared memory)
 ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 
 
@@ -157,13 +161,25 @@ def options(checkpoint_dtype: str, pinned: dict[str, Any], *, has_budget: bool) 
     return found
 
 
-def memory_for(share: float, budget: dict[MemoryKey, int]) -> dict[MemoryKey, int | str]:
-    """max_memory with each accelerator's budget cut to ``share`` (the CPU's stays): whole MiB as code reads best,
-    bytes below 64 MiB (tiny test budgets)."""
+def memory_for(
+    share: float, budget: dict[MemoryKey, int], written: Mapping[MemoryKey, int | str] | None = None
+) -> dict[MemoryKey, int | str]:
+    """max_memory with each accelerator's budget cut to ``share`` (the CPU's stays, as ``written``): whole MiB as
+    code reads best, bytes below 64 MiB (tiny test budgets)."""
     mib = 2**20
+    words = written or {}
 
     def cut(v: int) -> int | str:
         left = int(v * share)
         return f"{left // mib}MiB" if left >= 64 * mib else left
 
-    return {k: (cut(v) if k not in ("cpu", "disk", "mps") else v) for k, v in budget.items()}
+    return {k: (cut(v) if k not in UNCUT else words.get(k, v)) for k, v in budget.items()}
+
+
+def budget_for(
+    share: float, budget: dict[MemoryKey, int], written: Mapping[MemoryKey, int | str] | None = None
+) -> dict[MemoryKey, int | str] | None:
+    """The plan's ``budget`` beside ``memory_for(share, budget)``: each cut device's whole memory (as ``written``),
+    which the run may use (max_memory only bounds the weights); None for the whole share."""
+    words = written or {}
+    return None if share >= 1.0 else {k: words.get(k, v) for k, v in budget.items() if k not in UNCUT}

@@ -22,7 +22,7 @@ from nbhw.core import argument, render
 from nbhw.core.cache import Recent
 from nbhw.core.errors import UserError
 from nbhw.core.fit.arguments import FIT_ARGUMENTS, TRAIN_ONLY, FitArgs, fit_args
-from nbhw.core.fit.options import WHERE, WHERE_OF_KIND, Option, memory_for, options
+from nbhw.core.fit.options import WHERE, WHERE_OF_KIND, Option, budget_for, memory_for, options
 from nbhw.core.fit.result import SearchResult
 from nbhw.core.fit.train_search import TrainFitResult, fit_training
 from nbhw.core.hardware.targets import MAX_COUNT, Target
@@ -164,7 +164,9 @@ class Search:
                   "attn_implementation": option.attn_implementation, "use_kernels": option.use_kernels,
                   "device_map": option.device_map, "cache_implementation": option.cache_implementation}  # fmt: skip
         if option.share < 1.0 and self.budget is not None:
-            values["max_memory"] = memory_for(option.share, self.budget)
+            written = self.pinned.get("max_memory")  # the sizes as you wrote them, where a share keeps them
+            values["max_memory"] = memory_for(option.share, self.budget, written)
+            values["budget"] = budget_for(option.share, self.budget, written)
         return values
 
     def judge(self, index: int) -> Judged:

@@ -227,45 +227,71 @@ def _memory_device_names() -> tuple[str, ...]:
     return ()
 
 
-def _memory_key(key: Any) -> MemoryKey:
+def _memory_key(key: Any, what: str = "max_memory") -> MemoryKey:
     names = _memory_device_names()
     valid = f"an int >= 0 (GPU/XPU index), {', '.join(names)}"
     if isinstance(key, bool):
-        raise UserError(f"max_memory device {key!r} is not valid; valid: {valid}")
+        raise UserError(f"{what} device {key!r} is not valid; valid: {valid}")
     if isinstance(key, int):
         if key < 0:
-            raise UserError(f"max_memory device {key} is negative; valid: {valid}")
+            raise UserError(f"{what} device {key} is negative; valid: {valid}")
         return key
     if isinstance(key, str):
         if re.fullmatch(r"\d+", key):
             return int(key)
         if key in names:
             return key
-    raise UserError(f"max_memory device {key!r} is not valid; valid: {valid}")
+    raise UserError(f"{what} device {key!r} is not valid; valid: {valid}")
 
 
-def check_max_memory(value: Mapping[Any, Any] | Iterable[str] | None) -> dict[MemoryKey, int | str] | None:
+def check_max_memory(
+    value: Mapping[Any, Any] | Iterable[str] | None, what: str = "max_memory"
+) -> dict[MemoryKey, int | str] | None:
     """A max_memory dict ({0: "70GiB", "cpu": "200GiB"}) or DEV=SIZE words, checked by accelerate's rules."""
     if value is None:
         return None
     if isinstance(value, str):
         value = [value]
-    items = list(value.items()) if isinstance(value, Mapping) else [_split_item(item) for item in value]
+    items = list(value.items()) if isinstance(value, Mapping) else [_split_item(item, what) for item in value]
     result: dict[MemoryKey, int | str] = {}
     for raw_key, size in items:
-        key = _memory_key(raw_key)
+        key = _memory_key(raw_key, what)
         if key in result:
-            raise UserError(f"max_memory names device {key!r} twice")
-        size_bytes(size)
+            raise UserError(f"{what} names device {key!r} twice")
+        size_bytes(size, f"{what} size")
         result[key] = size
     if not result:
-        raise UserError("max_memory is empty; give DEV=SIZE, e.g. 0=70GiB cpu=200GiB")
+        raise UserError(f"{what} is empty; give DEV=SIZE, e.g. 0=70GiB cpu=200GiB")
     return result
 
 
-def _split_item(item: Any) -> tuple[str, str]:
+def check_budget(value: Mapping[Any, Any] | Iterable[str] | None) -> dict[MemoryKey, int | str] | None:
+    """``budget``: DEV=SIZE like max_memory (each device's memory for the run)."""
+    return check_max_memory(value, "budget")
+
+
+def check_budget_against(
+    budget: dict[MemoryKey, int | str] | None, max_memory: dict[MemoryKey, int | str] | None
+) -> None:
+    """A budget names devices of max_memory, each at least what max_memory lets the weights fill."""
+    if budget is None:
+        return
+    if max_memory is None:
+        raise UserError("budget is each device's memory when max_memory is less: give max_memory with it")
+    for key, size in budget.items():
+        if key not in max_memory:
+            valid = ", ".join(str(k) for k in max_memory)
+            raise UserError(f"budget names device {key!r}, which max_memory does not; valid: {valid}")
+        if size_bytes(size) < size_bytes(max_memory[key]):
+            raise UserError(
+                f"budget {key}={size} is less than max_memory {key}={max_memory[key]} (what the weights may fill); "
+                f"valid: at least {max_memory[key]}"
+            )
+
+
+def _split_item(item: Any, what: str) -> tuple[str, str]:
     if not isinstance(item, str) or item.count("=") != 1:
-        raise UserError(f"max_memory entry {item!r} is not DEV=SIZE, e.g. 0=70GiB cpu=200GiB")
+        raise UserError(f"{what} entry {item!r} is not DEV=SIZE, e.g. 0=70GiB cpu=200GiB")
     key, size = item.split("=")
     return key.strip(), size.strip()
 
@@ -404,6 +430,11 @@ class PlanArgs:
         kind="words", metavar="DEV=SIZE", check=check_max_memory, word=memory_words, control="sizes",
         emits="max_memory", help="per-device memory budget, e.g. 0=70GiB cpu=200GiB",
     )  # fmt: skip
+    budget: dict[MemoryKey, int | str] | None = argument(
+        kind="words", metavar="DEV=SIZE", check=check_budget, word=memory_words,
+        help="each device's memory for the run when max_memory is less (from_pretrained fills max_memory with "
+        "weights; the rest is left for the cache and activations), e.g. 0=24GiB 1=24GiB; default: max_memory",
+    )  # fmt: skip
     attn_implementation: str | None = argument(
         metavar="IMPL", aliases=("--attn",), check=check_attn, control="dropdown", emits="attn_implementation",
         help="attn_implementation, e.g. sdpa, eager, flash_attention_2, or a Hub kernel org/repo",
@@ -467,6 +498,11 @@ class PlanArgs:
         return {k: size_bytes(v) for k, v in self.max_memory.items()}
 
     @property
+    def budget_bytes(self) -> dict[MemoryKey, int] | None:
+        """``budget`` (each device's memory for the run, where max_memory is less) in bytes."""
+        return None if self.budget is None else {k: size_bytes(v, "budget") for k, v in self.budget.items()}
+
+    @property
     def reserve_bytes(self) -> int | None:
         """``reserve`` in bytes (None: nbhw's stated figure per backend)."""
         return None if self.reserve is None else size_bytes(self.reserve, "reserve")
@@ -480,4 +516,5 @@ def plan_args(**values: Any) -> PlanArgs:
     with quiet():
         found: PlanArgs = checked(PlanArgs, values)
     check_target_args(found.target, found.max_memory)
+    check_budget_against(found.budget, found.max_memory)
     return found

@@ -172,13 +172,20 @@ def dry_run(plan: LoadPlan) -> Outcome:
     return Outcome(found)
 
 
+def run_budget(plan: LoadPlan, share: DeviceShare) -> int | None:
+    """What the run may use on a device: the plan's ``budget`` for it (the device's memory, when max_memory lets
+    the weights fill less of it), else the budget the weights were placed against."""
+    return (plan.args.budget_bytes or {}).get(budget_key(share.key, plan.live.accelerator), share.budget)
+
+
 def _share_of(placement: Placement, label: Hashable, plan: LoadPlan) -> DeviceShare:
-    for share in placement.devices:
-        if share.key == label:
-            return share
-    budget = (placement.budget or {}).get(budget_key(label, plan.live.accelerator))  # type: ignore[arg-type]
-    key = label if isinstance(label, int | str) else str(label)
-    return DeviceShare(device_name(key, plan.live.accelerator), key, 0, 0, budget)
+    """The placement's share of a device the run uses, against the device's budget for the run."""
+    found = next((share for share in placement.devices if share.key == label), None)
+    if found is None:
+        budget = (placement.budget or {}).get(budget_key(label, plan.live.accelerator))  # type: ignore[arg-type]
+        key = label if isinstance(label, int | str) else str(label)
+        found = DeviceShare(device_name(key, plan.live.accelerator), key, 0, 0, budget)
+    return replace(found, budget=run_budget(plan, found))
 
 
 def limits(plan: LoadPlan, placement: Placement, outcome: RunEstimate) -> dict[Hashable, int]:
@@ -213,7 +220,7 @@ def with_run(plan: LoadPlan) -> Placement | None:
 def run_shares(plan: LoadPlan, placement: Placement, outcome: RunEstimate) -> list[DeviceShare]:
     """The placement's devices with the dry run's figures filled in, in the placement's order."""
     shares = [_filled(_share_of(placement, label, plan), m, plan) for label, m in outcome.devices.items()]
-    shares += [s for s in placement.devices if s.key not in outcome.devices]
+    shares += [replace(s, budget=run_budget(plan, s)) for s in placement.devices if s.key not in outcome.devices]
     order = {s.key: i for i, s in enumerate(placement.devices)}
     shares.sort(key=lambda s: order.get(s.key, -1))
     return shares
@@ -345,10 +352,11 @@ def weights_alone_over(plan: LoadPlan, placement: Placement, *, least_margin: bo
     fit it (read from the placement: no dry run)."""
     running = set(placement.device_map.values())
     for share in placement.devices:
-        if share.budget is None or share.key == DISK or share.key not in running:
+        budget = run_budget(plan, share)
+        if budget is None or share.key == DISK or share.key not in running:
             continue
         held, room = reserve(share.key, plan), margin(share.key, plan, 0) if least_margin else None
-        if share.bytes + (held.bytes if held else 0) + (room.bytes if room else 0) > share.budget:
+        if share.bytes + (held.bytes if held else 0) + (room.bytes if room else 0) > budget:
             return True
     return False
 

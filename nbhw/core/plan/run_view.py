@@ -240,11 +240,23 @@ def run_notes(plan: LoadPlan) -> list[str]:
         return out
     out += [f"not in the dry run: {n}" for n in run.not_covered]
     out += run_plan.margin_notes(plan)
+    out += budget_notes(plan)
     sources = {r.source for r in plan.reserves.values() if r.source}
     out += [f"reserve figure: {s} (--reserve SIZE sets your own)" for s in sorted(sources)]
     if plan.load_peak is not None:
         out.append(f"host at load: {plan.load_peak.note}")
     return out
+
+
+def budget_notes(plan: LoadPlan) -> list[str]:
+    """Where ``budget`` gives a device more than max_memory: the weights' bound and what the run was checked against."""
+    bound, budget = plan.args.max_memory or {}, plan.args.budget or {}
+    return [
+        f"max_memory {key}={bound[key]} bounds the weights from_pretrained places there; the run is checked against "
+        f"the device's budget {key}={size} (the cache and activations use what the weights leave)"
+        for key, size in budget.items()
+        if key in bound
+    ]
 
 
 def run_dict(plan: LoadPlan) -> dict[str, Any]:

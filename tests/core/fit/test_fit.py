@@ -339,3 +339,28 @@ def test_the_cli_and_the_magic_take_the_same_words(
     assert seen == [found["plan"]["code"]]
     with pytest.raises(UsageError, match="accelerators_only=True but device_map='cpu'"):
         ip.run_line_magic("hw", "fit --accelerators-only --device-map cpu")
+
+
+def test_a_memory_share_leaves_the_rest_of_the_device_to_the_run(tmp_path: Any) -> None:
+    """A share of max_memory moves layers to the CPU so that the run has room: its plan checks the run against the
+    whole device (``budget``), while the cell's max_memory is the share."""
+    config = tf.LlamaConfig(**{**families.COMMON, "num_hidden_layers": 8, "hidden_size": 256,
+                               "intermediate_size": 1024, "num_attention_heads": 4, "num_key_value_heads": 2},
+                            head_dim=64)  # fmt: skip
+    folder = config_only(config, tmp_path / "llama", "LlamaForCausalLM", "float32")
+    pinned: dict[str, Any] = {"context": 512, "reserve": 0, "attn_implementation": "sdpa", "use_kernels": False,
+                              "device_map": "auto", "quantization": None, "cache_implementation": None,
+                              "dtype": "auto"}  # fmt: skip
+    device = int(0.95 * need(folder, 512))  # all the weights fit, and the run on them does not
+    result = nbhw.fit(folder, max_memory={0: device, "cpu": 10 * device}, **pinned)
+    assert result.option is not None and result.option.share < 1.0, result.headline()
+    assert result.answer is not None and result.answer.where == 1  # with CPU offload
+    first = result.rejected[0]  # every layer on the device: its run is over the device
+    assert (first.option.share, first.stage, first.why) == (1.0, 0, "run"), first.reason
+    later = [r for r in result.rejected if r.stage == 1]  # larger shares with CPU offload: runs over the device
+    assert all(r.why == "run" and r.option.share > result.option.share for r in later), [r.reason for r in later]
+    plan = result.plan
+    assert plan is not None and plan.args.budget == {0: device} and plan.placement is not None
+    assert next(s for s in plan.placement.devices if s.key == 0).budget == device
+    cut = plan.args.max_memory
+    assert cut is not None and f"max_memory={{0: {cut[0]!r}" in (result.code or "")

@@ -233,3 +233,33 @@ def test_a_device_its_weights_and_reserve_fill_is_refused_without_a_dry_run(
     assert plan.run_fits is False and plan.max_context == 0 and plan.max_batch == 0
     assert plan.context_fit is not None and plan.context_fit.dry_runs == 0 and runs == []
     assert plan.placement is not None and plan.placement.run_kind == "does_not_fit" and runs == [1]
+
+
+def test_max_memory_places_the_weights_and_budget_is_what_the_run_may_use(tmp_path: Path) -> None:
+    """from_pretrained fills max_memory with weights and the run then uses the whole device: with ``budget`` the
+    same placement is checked against the device's memory, not the weights' bound."""
+    config = LlamaConfig(**{**families.COMMON, "num_hidden_layers": 8, "hidden_size": 256, "intermediate_size": 1024,
+                            "num_attention_heads": 4, "num_key_value_heads": 2}, head_dim=64)  # fmt: skip
+    folder = config_only(config, tmp_path / "llama", "LlamaForCausalLM")
+    run = {"context": 512, "reserve": 0, "attn_implementation": "sdpa", "use_kernels": False, "dtype": "float32"}
+    whole = nbhw.plan(folder, device_map=0, max_memory={0: 2**40}, **run)
+    with meta_build.quiet():
+        need = int(whole.placement.devices[0].needed_bytes)  # type: ignore[union-attr]
+    device, cpu = int(0.95 * need), 10 * need
+    bound = {0: int(0.5 * device), "cpu": cpu}
+    alone = nbhw.plan(folder, max_memory=bound, **run)
+    given = nbhw.plan(folder, max_memory=bound, budget={0: device}, **run)
+    with meta_build.quiet():
+        assert alone.weight_placement is not None and alone.weight_placement.kind == "cpu_offload"
+        # the weights fill their bound: no room for the run there
+        assert alone.run_fits is False and alone.placement is not None and alone.placement.run_kind != "fits"
+        # the same device_map, its run on the whole device: it fits, and the table shows the device's memory
+        assert (
+            given.weight_placement is not None
+            and given.weight_placement.device_map == alone.weight_placement.device_map
+        )
+        assert given.run_fits is True and given.placement is not None and given.placement.run_kind in ("fits", "tight")
+        on_device = next(s for s in given.placement.devices if s.key == 0)
+        assert on_device.budget == device and on_device.headroom_bytes is not None and on_device.headroom_bytes > 0
+    assert given.code == alone.code and str(bound[0]) in given.code and str(device) not in given.code
+    assert f"the run is checked against the device's budget 0={device}" in given.text()

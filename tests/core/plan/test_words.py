@@ -71,6 +71,10 @@ def test_without_emit_the_report_shows_the_code_and_no_cell_is_made(
         ("load --quantize 3bit", "4bit"),
         ("load --attn nope", "sdpa"),
         ("load ./no/such/folder --emit", "no such folder"),
+        ("load --budget 0=24GiB", "give max_memory with it"),
+        ("load --max-memory 0=13GiB --budget 1=24GiB", "budget names device 1"),
+        ("load --max-memory 0=13GiB --budget 0=12GiB", "valid: at least 13GiB"),
+        ("load --max-memory 0=13GiB --budget 0=24", "budget size '24' is not valid"),
     ],
 )
 def test_mistakes_are_one_line_usage_errors(ip: Any, line: str, words: str) -> None:
