@@ -19,6 +19,7 @@ from nbhw.core.advice.quantization_gates import DOCS
 from nbhw.core.advice.quantization_methods import classes
 from nbhw.core.cache import Recent
 from nbhw.core.hf import meta_build
+from nbhw.core.hf.module_sizes import module_sizes
 
 BNB_BLOCK = 64  # bitsandbytes' default 4-bit blocksize
 QUANTO_GROUP = 128  # optimum-quanto's group size for int4 / int2
@@ -112,6 +113,12 @@ class SizingQuantizer:
             return None, "the bits per weight depend on the checkpoint"
         return bits[0] / 8, f"{bits[0]:g} bits per weight ({bits[1]})"
 
+    def sizing_key(self) -> tuple[str, str, float | None, str]:
+        """What this quantizer's sizes depend on (method, config as it now stands, element size): two quantizers with
+        the same key size every model alike (:mod:`nbhw.core.hf.module_sizes` keeps the sizes by it)."""
+        config = self.config.to_json_string() if self.config is not None else ""
+        return self.key, config, self.element, type(self.real).__name__
+
     @property
     def sized(self) -> bool:
         """Whether the quantized bytes can be computed from the config."""
@@ -181,20 +188,17 @@ def _base_build(model_config: Any, dtype: str) -> meta_build.MetaBuild:
 
 def weight_bytes(key: str, model_config: Any, config: Any, dtype: str, quantized: bool = True) -> Size:
     """The model's weight bytes with ``key`` (transformers' sizing over a :class:`SizingQuantizer`)."""
-    # lazy: import nbhw and %load_ext nbhw stay free of transformers
-    from transformers.integrations.accelerate import compute_module_sizes
-
     with meta_build.quiet():
         built = _base_build(model_config, dtype)
         if not built.ok or built.model is None:
             return Size(None, f"the meta build failed: {built.error}")
         if not quantized:
-            sizes, _ = compute_module_sizes(built.model)
+            sizes, _ = module_sizes(built.model)
             return Size(int(sizes[""]), f"unquantized {dtype}: transformers dequantizes this method on the device")
         sizer = SizingQuantizer(key, copy.deepcopy(config))
         if not sizer.sized:
             return Size(None, sizer.how + ": not computable from the config")
-        sizes, _ = compute_module_sizes(built.model, sizer)
+        sizes, _ = module_sizes(built.model, sizer)
     scales = "; + " + ", ".join(sorted(sizer.scales)) if sizer.scales else "; scales not counted"
     return Size(int(sizes[""]), f"{sizer.how} on the linear layers transformers converts{scales}")
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from nbhw.core.hf.module_sizes import module_sizes
 from nbhw.core.plan.outside_tensors import LoadPeak
 from nbhw.core.plan.run_figures import RunEstimate
 
@@ -164,10 +165,7 @@ def estimate(model: Any, dtype: str, *, quantizer: Any = None, quantization: str
     # lazy: import nbhw and %load_ext nbhw stay free of accelerate
     from accelerate.utils.modeling import get_max_layer_size
 
-    # lazy: import nbhw and %load_ext nbhw stay free of transformers
-    from transformers.integrations.accelerate import compute_module_sizes
-
-    sizes, _ = compute_module_sizes(model, quantizer)
+    sizes, _ = module_sizes(model, quantizer)
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
     parameters = sum(p.numel() for p in model.parameters())
     no_split = list(getattr(model, "_no_split_modules", None) or [])

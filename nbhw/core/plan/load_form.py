@@ -34,6 +34,7 @@ from nbhw.core.hardware.detect import Hardware, detect
 from nbhw.core.hardware.targets import Target, catalog, target_of
 from nbhw.core.hardware.who_picks import from_pretrained_default
 from nbhw.core.hf import meta_build
+from nbhw.core.hf.module_sizes import module_sizes
 from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.core.plan import run_parts, run_search
 from nbhw.core.plan.arguments import (
@@ -484,12 +485,10 @@ def make_plan(form: Form) -> LoadPlan:
 
 def units(plan: LoadPlan) -> list[Unit]:
     """The placement as blocks in model order: each decoder layer, and each other module holding weights."""
-    from transformers.integrations.accelerate import compute_module_sizes  # transformers: only once a plan exists
-
     model, placement = plan.meta_model, plan.weight_placement
     if model is None or placement is None or not placement.device_map:
         return []
-    sizes, _ = compute_module_sizes(model, plan.quantizer, only_modules=False)
+    sizes, _ = module_sizes(model, plan.quantizer, only_modules=False)
     layers = set(layer_names(model))
     found: list[Unit] = []
     inside: str | None = None

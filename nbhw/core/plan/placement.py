@@ -18,7 +18,7 @@ from typing import Any
 from nbhw.core import render
 from nbhw.core.hardware import backends, presence, who_picks
 from nbhw.core.hardware.data import BackendStatus
-from nbhw.core.hf import library_source, meta_build
+from nbhw.core.hf import library_source, meta_build, module_sizes
 from nbhw.core.plan.arguments import DISK, PlanArgs, strategy_names
 
 _patch_lock = threading.Lock()
@@ -180,7 +180,7 @@ def computed_map(
     # lazy: import nbhw and %load_ext nbhw stay free of transformers
     from transformers.integrations.accelerate import _get_device_map
 
-    with meta_build.quiet():
+    with meta_build.quiet(), module_sizes.kept_in_transformers():
         if max_memory is not None or live is None:
             return dict(_get_device_map(model, strategy, dict(max_memory) if max_memory else None, quantizer))
         with _budget(live) as patched:
@@ -206,9 +206,9 @@ def _shares(
 ) -> tuple[list[DeviceShare], int]:
     """Per device: entries, bytes, layers (by transformers' own expansion of the map to every tensor)."""
     # lazy: import nbhw and %load_ext nbhw stay free of transformers
-    from transformers.integrations.accelerate import compute_module_sizes, expand_device_map
+    from transformers.integrations.accelerate import expand_device_map
 
-    sizes, _ = compute_module_sizes(model, quantizer, only_modules=False)
+    sizes, _ = module_sizes.module_sizes(model, quantizer, only_modules=False)
     tensors = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_buffers()]
     per_tensor = expand_device_map(device_map, tensors)
     shares: dict[Any, DeviceShare] = {}
