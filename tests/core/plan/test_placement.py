@@ -263,3 +263,48 @@ def test_max_memory_places_the_weights_and_budget_is_what_the_run_may_use(tmp_pa
         assert on_device.budget == device and on_device.headroom_bytes is not None and on_device.headroom_bytes > 0
     assert given.code == alone.code and str(bound[0]) in given.code and str(device) not in given.code
     assert f"the run is checked against the device's budget 0={device}" in given.text()
+
+
+def test_module_sizes_are_transformers_own_and_computed_once_per_model_and_sizing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A placement sizes the model in transformers three times and a search places it under many budgets: the sizes
+    are transformers' own, computed once per meta model and sizing, and handed out as copies."""
+    from transformers.integrations import accelerate as hf_accelerate
+
+    from nbhw.core.hf import module_sizes
+
+    folder = config_only(families.llama(), tmp_path / "llama", "LlamaForCausalLM")
+    plan = nbhw.plan(folder, quantization="quanto", max_memory={0: "1GB"}, device_map="auto")
+    model, quantizer = plan.meta_model, plan.quantizer
+    assert model is not None and quantizer is not None
+    for flags in ({}, {"only_modules": False}, {"buffers_only": True}):
+        for sizer in (None, quantizer):
+            assert module_sizes.module_sizes(model, sizer, **flags) == hf_accelerate.compute_module_sizes(
+                model, sizer, **flags
+            )
+    handed, _ = module_sizes.module_sizes(model, quantizer)
+    handed[""] = -1  # a copy: the next caller gets transformers' figure
+    assert (
+        module_sizes.module_sizes(model, quantizer)[0][""]
+        == hf_accelerate.compute_module_sizes(model, quantizer)[0][""]
+    )
+
+    calls: list[tuple[bool, ...]] = []
+    real = module_sizes._compute()
+    monkeypatch.setattr(
+        module_sizes,
+        "_original",
+        [
+            lambda m, q, **kw: (
+                calls.append((q is None, *kw.values(), id(m), module_sizes._sizing(q))) or real(m, q, **kw)
+            )
+        ],
+    )
+    monkeypatch.setattr(module_sizes, "_KEPT", type(module_sizes._KEPT)())
+    for strategy in ("auto", "balanced", "sequential"):
+        for budget in ("2MB", "3MB", "5MB"):
+            placed = nbhw.plan(folder, quantization="quanto", max_memory={0: budget, "cpu": "1GB"}, device_map=strategy)
+            assert placed.weight_placement is not None and placed.weight_placement.kind != "none"
+    # once per sizing and flags (9 placements: 9 x 3 sizings in transformers and 9 in nbhw's shares before)
+    assert len(calls) == len(set(calls)) <= 4, calls
