@@ -88,8 +88,24 @@ COMMANDS = (
         "load",
         "the from_pretrained cell for this hardware, its dry run, estimate and placement "
         "(%hw: the panel's Load tab, pre-filled; --emit: the cell below; --task train: the training plan)",
-        (MODEL, f"{TASKS}:TASK_ARGUMENTS", f"{PLAN}:PLAN_ARGUMENTS", f"{TASKS}:TRAIN_ONLY", OFFLINE, EMIT, JSON),
+        (
+            MODEL,
+            f"{TASKS}:TASK_ARGUMENTS",
+            f"{PLAN}:PLAN_ARGUMENTS",
+            f"{TASKS}:TRAIN_ONLY",
+            f"{TASKS}:SERVE_ONLY",
+            OFFLINE,
+            EMIT,
+            JSON,
+        ),
         aliases=("plan",),
+    ),
+    Command(
+        "serve",
+        "serving with continuous batching (generate_batch, transformers serve --continuous-batching): the paged "
+        "cache transformers will make here or on --target, how many requests of --context tokens it holds at "
+        "once, whether CUDA graphs and async batching are on, the cell and the command (--emit: the cell below)",
+        (MODEL, "nbhw.core.serve.arguments:SERVE_ARGUMENTS", OFFLINE, EMIT, JSON),
     ),
     Command(
         "quantization",
@@ -382,6 +398,14 @@ def _load(args: argparse.Namespace) -> Any:
     return from_words(args)  # a word the other task takes is a mistake here
 
 
+def _serve(args: argparse.Namespace) -> Any:
+    from nbhw.core.argument import given
+    from nbhw.core.serve.arguments import SERVE_ARGUMENTS
+    from nbhw.core.serve.serve_plan import serve_plan
+
+    return serve_plan(args.model, offline=args.offline, **given(args, SERVE_ARGUMENTS))
+
+
 def _train(args: argparse.Namespace) -> Any:
     from nbhw.core.train.train_plan import from_words
 
@@ -407,11 +431,14 @@ def _fails(command: str, args: argparse.Namespace, result: Any) -> bool:
         return bool(result.check())
     if command == "fit":
         return result.plan is None
+    if command == "serve" or (command == "load" and getattr(args, "task", None) == "serve"):
+        return result.full is None or result.full.held == 0
     return False
 
 
 ANSWERS = {"devices": _devices, "report": _report, "doctor": _doctor, "attention": _attention,
-           "quantization": _quantization, "targets": _targets, "load": _load, "train": _train, "fit": _fit}  # fmt: skip
+           "quantization": _quantization, "targets": _targets, "load": _load, "train": _train, "fit": _fit,
+           "serve": _serve}  # fmt: skip
 
 
 def answer(args: argparse.Namespace) -> Any:

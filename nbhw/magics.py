@@ -105,6 +105,9 @@ class HwMagics(Magics):
         if args.task == "train":
             self._load_train(answer, args)
             return
+        if args.task == "serve":  # the serving plan has no tab of its own yet: its answer, as %hw serve shows it
+            self._show_answer(answer, args)
+            return
         plan: LoadPlan = answer
         if args.emit:
             self.shell.set_next_input(plan.code, replace=False)

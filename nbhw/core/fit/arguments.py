@@ -17,6 +17,14 @@ from nbhw.core.train import tasks
 from nbhw.core.train.arguments import METHODS
 from nbhw.core.train.tasks import TASK
 
+FIT_TASKS = ("infer", "train")  # a serving fit is not searched yet: nbhw.plan(task="serve") answers one setup
+
+
+def check_fit_task(value: Any) -> str:
+    if value in FIT_TASKS:
+        return str(value)
+    raise one_of("task", value, FIT_TASKS)
+
 
 def check_method(value: Any) -> str | None:
     """A training method (full, LoRA, QLoRA), for task="train"; None: each is searched."""
@@ -30,7 +38,8 @@ class FitArgs:
     """What the search is for and how far it may go. Each field declares one argument."""
 
     task: str = argument(
-        **TASK, help="what must fit: infer (from_pretrained and generate at --context) or train (a fine-tuning step)"
+        **{**TASK, "choices": FIT_TASKS, "check": check_fit_task},
+        help="what must fit: infer (from_pretrained and generate at --context) or train (a fine-tuning step)",
     )
     method: str | None = argument(
         choices=METHODS, check=check_method, help="task=train: full, lora or qlora (default: each, in that order)"

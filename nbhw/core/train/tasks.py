@@ -16,13 +16,15 @@ from typing import Any
 from nbhw.core.argument import argument, arguments
 from nbhw.core.errors import UserError, one_of
 from nbhw.core.plan.arguments import PLAN_ARGUMENTS
+from nbhw.core.serve.arguments import SERVE_ARGUMENTS
 from nbhw.core.train.arguments import TRAIN_ARGUMENTS
 
-TASKS = ("infer", "train")
+TASKS = ("infer", "train", "serve")
 
 
 def check_task(value: Any) -> str:
-    """What the plan is for: loading and generating ("infer") or fine-tuning ("train")."""
+    """What the plan is for: loading and generating ("infer"), fine-tuning ("train") or serving with continuous
+    batching ("serve")."""
     if value in TASKS:
         return str(value)
     raise one_of("task", value, TASKS)
@@ -34,8 +36,9 @@ TASK: dict[str, Any] = {"default": "infer", "choices": TASKS, "check": check_tas
 
 @dataclass(frozen=True)
 class TaskArgs:
-    task: str = argument(**TASK, help="what the plan is for: infer (from_pretrained and generate) or train "
-                         "(a fine-tuning step: the training plan's words apply)")  # fmt: skip
+    task: str = argument(**TASK, help="what the plan is for: infer (from_pretrained and generate), train "
+                         "(a fine-tuning step: the training plan's words apply) or serve (continuous batching: "
+                         "the serving plan's words apply)")  # fmt: skip
 
 
 TASK_ARGUMENTS = arguments(TaskArgs)
@@ -43,11 +46,22 @@ PLAN_NAMES = frozenset(a.name for a in PLAN_ARGUMENTS)
 TRAIN_NAMES = frozenset(a.name for a in TRAIN_ARGUMENTS)
 # The training plan's arguments the load plan does not declare: method, devices, strategy, optimizer, lora_r, ...
 TRAIN_ONLY = tuple(a for a in TRAIN_ARGUMENTS if a.name not in PLAN_NAMES)
+SERVE_NAMES = frozenset(a.name for a in SERVE_ARGUMENTS)
+# The serving plan's arguments neither other plan declares: prompt, answer, memory_percent, page_size, ...
+SERVE_ONLY = tuple(a for a in SERVE_ARGUMENTS if a.name not in PLAN_NAMES | TRAIN_NAMES)
 
 
 def check_names(task: str, names: Any) -> None:
-    """A one-line UserError for the first argument that only the other task takes."""
+    """A one-line UserError for the first argument that only another task takes."""
+    if task == "serve":
+        for name in names:
+            if name not in SERVE_NAMES:
+                raise UserError(f"{name} is not for task='serve'; it takes: {', '.join(sorted(SERVE_NAMES))}")
+        return
+    serve_only = {a.name for a in SERVE_ONLY}
     for name in names:
+        if name in serve_only:
+            raise UserError(f"{name} is for task='serve'; task={task!r} takes other words (see help)")
         if task == "train" and name in PLAN_NAMES and name not in TRAIN_NAMES:
             raise UserError(f"{name} is for task='infer'; task='train' takes: {', '.join(sorted(TRAIN_NAMES))}")
         if task != "train" and name in TRAIN_NAMES and name not in PLAN_NAMES:

@@ -1,0 +1,120 @@
+"""The words of ``nbhw.plan(task="serve")``, ``%hw serve`` and ``python -m nbhw serve``. Declarations only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from nbhw.core.argument import argument, arguments, checked
+from nbhw.core.dtypes import DTYPE
+from nbhw.core.errors import UserError
+from nbhw.core.hardware.targets import TARGET, Target
+from nbhw.core.plan.arguments import check_attn, check_context, check_reserve, size_bytes, tokens, word
+
+PERCENT_WORDS = "a fraction in (0, 1], e.g. 0.9"
+
+
+def _tokens(what: str) -> Any:
+    return lambda text: tokens(text, what)
+
+
+def check_optional_tokens(what: str) -> Any:
+    def check(value: Any) -> int | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserError(f"{what} {value!r} is not a token count; valid: a whole number of at least 1, e.g. 512")
+        return value
+
+    return check
+
+
+def check_memory_percent(value: Any) -> float | None:
+    """``max_memory_percent``: the share of the memory left after the weights that the cache may take."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise UserError(f"memory_percent {value!r} is out of range; valid: {PERCENT_WORDS}")
+    return float(value)
+
+
+def percent_from_text(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise UserError(f"memory_percent {text!r} is not a number; valid: {PERCENT_WORDS}") from None
+
+
+def check_device_memory(value: Any) -> int | str | None:
+    if value is None:
+        return None
+    size_bytes(value, "device_memory")
+    return value  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class ServeArgs:
+    """What the user asked of continuous batching (``generate_batch``, ``init_continuous_batching``,
+    ``transformers serve --continuous-batching``), checked."""
+
+    target: Target | None = argument(**TARGET)
+    dtype: str = argument(**DTYPE, default="auto")
+    attn_implementation: str | None = argument(
+        metavar="IMPL", aliases=("--attn",), check=check_attn,
+        help="sdpa (default), eager (served as paged|eager), flash_attention_2, flash_attention_3",
+    )  # fmt: skip
+    device_memory: int | str | None = argument(
+        metavar="SIZE", check=check_device_memory,
+        help="the serving device's memory, e.g. 24GiB (default: this machine's first accelerator, else its CPU)",
+    )  # fmt: skip
+    reserve: int | str | None = argument(
+        metavar="SIZE", check=check_reserve,
+        help="what the device holds outside tensors (CUDA context, workspaces); default: nbhw's figure",
+    )  # fmt: skip
+    context: int | None = argument(
+        metavar="TOKENS", parse=_tokens("context"), check=check_context, word=word,
+        help="tokens per request at full length, prompt + answer: 4096, 32k (default 4,096, or the model's maximum "
+        "when smaller)",
+    )  # fmt: skip
+    prompt: int | None = argument(
+        metavar="TOKENS", parse=_tokens("prompt"), check=check_optional_tokens("prompt"), word=word,
+        help="a typical request's prompt tokens (with --answer: how many such requests fit too)",
+    )  # fmt: skip
+    answer: int | None = argument(
+        metavar="TOKENS", parse=_tokens("answer"), check=check_optional_tokens("answer"), word=word,
+        help="a typical request's generated tokens",
+    )  # fmt: skip
+    memory_percent: float | None = argument(
+        metavar="FRACTION", parse=percent_from_text, check=check_memory_percent,
+        help="ContinuousBatchingConfig.max_memory_percent: the share of the memory left after the weights the "
+        "cache may take (default: transformers' own choice)",
+    )  # fmt: skip
+    page_size: int | None = argument(
+        metavar="TOKENS", parse=_tokens("page_size"), check=check_optional_tokens("page_size"), word=word,
+        help="tokens per page of a full-attention layer (default: transformers' 256)",
+    )  # fmt: skip
+    max_batch_tokens: int | None = argument(
+        metavar="TOKENS", parse=_tokens("max_batch_tokens"), check=check_optional_tokens("max_batch_tokens"),
+        word=word, help="tokens one forward takes at most (default: transformers' 8,192)",
+    )  # fmt: skip
+
+    @property
+    def device_memory_bytes(self) -> int | None:
+        return None if self.device_memory is None else size_bytes(self.device_memory, "device_memory")
+
+
+SERVE_ARGUMENTS = arguments(ServeArgs)
+SERVE_NAMES = frozenset(a.name for a in SERVE_ARGUMENTS)
+
+
+def serve_args(**values: Any) -> ServeArgs:
+    """Check every argument; the first mistake raises a one-line UserError naming the valid values."""
+    unknown = sorted(set(values) - SERVE_NAMES)
+    if unknown:
+        raise UserError(f"{unknown[0]} is not a serving argument; task='serve' takes: {', '.join(sorted(SERVE_NAMES))}")
+    found: ServeArgs = checked(ServeArgs, values)
+    if found.target is not None and found.device_memory is not None:
+        raise UserError("target and device_memory both set the memory to plan for; give one")
+    if (found.prompt is None) != (found.answer is None):
+        raise UserError("prompt and answer describe a typical request together; give both, e.g. 512 and 256")
+    return found

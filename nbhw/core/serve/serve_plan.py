@@ -1,0 +1,332 @@
+"""``nbhw.plan(model, task="serve")``: what continuous batching will hold on one device, here or on a target.
+
+The weights and the framework's reserve on the serving device are the load plan's (:mod:`nbhw.core.plan`: the
+same placement, the same reserve); the rest is the installed transformers' own answer (:mod:`nbhw.core.serve.paged`):
+the resolved ``ContinuousBatchingConfig`` (CUDA graphs, asynchronous batching, ``max_memory_percent``), the paged
+cache it makes with the memory left, and how many requests of a length its allocators hold at once.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from nbhw.core import render
+from nbhw.core.argument import signature
+from nbhw.core.errors import UserError
+from nbhw.core.plan import codegen, run_plan, run_search
+from nbhw.core.plan.load_plan import LoadPlan, plan
+from nbhw.core.render import py_literal, py_str
+from nbhw.core.serve import paged
+from nbhw.core.serve.arguments import SERVE_ARGUMENTS, ServeArgs, serve_args
+
+GRAPH_BACKENDS = ("cuda", "rocm", "xpu")  # backends whose torch device module has graphs (DEVICE_TYPE_TO_GRAPH_NAME)
+TRANSFORMERS_KIND = {"rocm": "cuda"}  # how transformers names the device (torch.device) of a backend
+
+
+@dataclass(frozen=True)
+class Requests:
+    """How many requests of one length the cache holds at once, and (for a prompt / answer split) how many the
+    scheduler runs at once."""
+
+    length: int
+    held: int
+    together: paged.Together | None = None
+
+
+@dataclass
+class ServePlan(render.Shown):
+    """The serving plan: the device, the resolved continuous batching config, the paged cache and the requests."""
+
+    model: str
+    args: ServeArgs
+    load: LoadPlan
+    device: paged.Device
+    device_name: str
+    memory_source: str
+    paged: paged.Paged | None
+    problem: str | None
+    full: Requests | None
+    typical: Requests | None
+    longest: int | None
+
+    # ------------------------------------------------------------ what transformers decided
+
+    @property
+    def config(self) -> Any:
+        return self.paged.config if self.paged is not None else None
+
+    @property
+    def attention(self) -> str:
+        """The attention implementation continuous batching runs (transformers serves eager as paged|eager)."""
+        return served_attention(self.load)
+
+    def graphs_why(self) -> str:
+        """CUDA graphs and asynchronous batching, as transformers' decide_use_cuda_graphs / decide_use_async_batching
+        decided them for this attention on this device."""
+        config = self.config
+        if config is None:
+            return "unknown: the cache could not be made"
+        varlen, decode = config.cuda_graph_booleans
+        graphs = "on" if varlen or decode else "off"
+        if not self.device.graphs:
+            why = f"{self.device.kind} has no CUDA-graph-like objects"
+        elif self.attention.startswith("flash"):
+            why = f"{self.attention} needs no attention mask"
+        else:
+            why = f"{self.attention} needs an attention mask (padding would cost it more than graphs save)"
+        both = f" (prefill {'on' if varlen else 'off'}, decode {'on' if decode else 'off'})" if varlen != decode else ""
+        sync = "on" if config.use_async_batching else "off"
+        return f"CUDA graphs {graphs}{both}, async batching {sync}: {why}"
+
+    def percent_why(self) -> str:
+        if self.args.memory_percent is not None:
+            return f"{self.args.memory_percent:g}: yours"
+        percent = self.config.max_memory_percent if self.config is not None else None
+        if percent is None:
+            return "unknown"
+        if self.device.kind in ("cpu", "mps"):
+            return f"{percent:g}: transformers' choice on {self.device.kind} (RAM is shared with the system)"
+        return f"{percent:g}: transformers' choice (0.8 when the generation config asks for logit processing)"
+
+    # ------------------------------------------------------------ the cell and the command
+
+    @property
+    def cb_keywords(self) -> list[tuple[str, str]]:
+        found = [("max_memory_percent", self.args.memory_percent), ("page_size", self.args.page_size),
+                 ("max_batch_tokens", self.args.max_batch_tokens)]  # fmt: skip
+        return [(k, repr(v) if isinstance(v, float) else py_literal(v)) for k, v in found if v is not None]
+
+    @property
+    def code(self) -> str:
+        """The cell: from_pretrained as the load plan writes it, then a continuous batching manager made with the
+        config (``init_continuous_batching``: what a server makes, sized without a workload's hints, as planned) fed
+        as many full-length requests as fit."""
+        load = self.load
+        # device_memory says what the device has: it bounds nothing from_pretrained places (no max_memory)
+        kwargs = [(k, v) for k, v in load.arguments.kwargs if k != "max_memory"]
+        call = codegen._call("model", f"{load.auto_class}.from_pretrained", "model_id", kwargs)
+        names = sorted({load.auto_class, "AutoTokenizer", "ContinuousBatchingConfig", "GenerationConfig",
+                        *load.arguments.names})  # fmt: skip
+        answer = self.args.answer or max(self.load.context // 2, 1)
+        cb = ", ".join(f"{k}={v}" for k, v in self.cb_keywords)
+        lines = [
+            f"from transformers import {', '.join(names)}", *load.arguments.imports, "",
+            f"model_id = {py_str(self.model)}", "tokenizer = AutoTokenizer.from_pretrained(model_id)", call, "",
+            f"cb_config = ContinuousBatchingConfig({cb})",
+            "manager = model.init_continuous_batching(",
+            f"    generation_config=GenerationConfig(max_new_tokens={answer}), continuous_batching_config=cb_config",
+            ")",
+            "manager.start()",
+            f"prompts = [\"Hello, my name is\"] * {max(self.full.held if self.full else 1, 1)}",
+            "manager.add_requests([tokenizer(p)[\"input_ids\"] for p in prompts])",
+            "results = [manager.get_result(timeout=600) for _ in prompts]",
+            "manager.stop(block=True)",
+        ]  # fmt: skip
+        source = "\n".join(lines) + "\n"
+        ast.parse(source)
+        return source
+
+    @property
+    def command(self) -> str:
+        """The same setup as ``transformers serve --continuous-batching`` (the flags its installed CLI takes)."""
+        from transformers.cli.serve import Serve  # lazy: import nbhw and %load_ext nbhw stay free of transformers
+
+        takes = set(inspect.signature(Serve.__init__).parameters)
+        flags = ["--continuous-batching", f"--force-model {self.model}"]
+        wanted = {"attn_implementation": self.load.args.attn_implementation, "dtype": self.args.dtype,
+                  "cb_max_memory_percent": self.args.memory_percent, "cb_block_size": self.args.page_size,
+                  "cb_max_batch_tokens": self.args.max_batch_tokens}  # fmt: skip
+        flags += [f"--{k.replace('_', '-')} {v}" for k, v in wanted.items() if v is not None and k in takes]
+        return "transformers serve " + " ".join(flags)
+
+    # ------------------------------------------------------------ shown
+
+    def rows(self) -> list[tuple[str, str]]:
+        size = render.size
+        found = self.paged
+        out = [("device", f"{self.device_name}: {size(self.device.total)} ({self.memory_source})"),
+               ("weights + reserve", f"{size(self.device.held)} held before the cache")]  # fmt: skip
+        if found is None:
+            return [*out, ("cache", f"none: {self.problem}")]
+        pools = "; ".join(
+            f"{p.attention} ({p.layers} layers, {p.tokens_per_page} tokens per page"
+            + (f", window {p.window:,}" if p.window else "")
+            + ")"
+            for p in found.pools
+        )
+        out += [
+            ("max_memory_percent", self.percent_why()),
+            ("for the cache", f"{size(found.available)}: (memory - weights - reserve) x max_memory_percent"),
+            ("paged cache", f"{size(found.cache_bytes)}: {found.sectors:,} sectors of {size(found.bytes_per_sector)}"
+             f" ({found.tokens_per_sector:,} tokens each), {found.blocks:,} blocks of "
+             f"{found.config.page_size} tokens x every layer = {found.blocks * found.config.page_size:,} tokens"),
+            ("page pools", pools),
+            ("batch buffer", f"max_batch_tokens {found.max_batch_tokens:,}: {size(found.batch_bytes)} (inputs, "
+             f"outputs, the activation peak), masks {size(found.mask_bytes)}, fixed {size(found.fixed_bytes)}"),
+            ("graphs", self.graphs_why()),
+        ]  # fmt: skip
+        if self.full is not None:
+            out.append(("requests", f"{self.full.held:,} at once of {self.full.length:,} tokens (full length)"))
+        if self.typical is not None:
+            out.append(("typical", f"{self.typical.held:,} at once of {self.typical.length:,} tokens "
+                        f"({self.args.prompt:,} prompt + {self.args.answer:,} answer)"))  # fmt: skip
+            out.append(("scheduled together", self.together_words()))
+        if self.longest is not None:
+            out.append(("longest request", f"{self.longest:,} tokens (one request alone)"))
+        return out
+
+    def together_words(self) -> str:
+        """What the scheduler did with those requests, sent all at once (transformers' own scheduler, simulated)."""
+        seen = self.typical.together if self.typical is not None else None
+        margin = self.safety_margin()
+        if seen is None or margin is None:
+            return "unknown"
+        held = self.typical.held if self.typical is not None else 0
+        kind = self.paged.config.scheduler_type if self.paged is not None else "its"
+        why = (f"the {kind} scheduler admits a prompt only while {margin:.0%} of the cache is free"
+               if seen.most_active < held else "as many as the cache holds")  # fmt: skip
+        if seen.starved:
+            return (f"{seen.most_active:,} start at once (a prompt is admitted by its own size), and as their answers "
+                    f"grow the cache holds {held:,}: the scheduler offloads the others to wait")  # fmt: skip
+        return f"{seen.most_active:,} run at once, the next waits ({why})"
+
+    def safety_margin(self) -> float | None:
+        """The scheduler's safety margin: the share of the cache that must be free to admit a new prompt."""
+        from transformers.generation.continuous_batching.scheduler import SCHEDULER_MAPPING  # lazy: transformers
+
+        if self.paged is None:
+            return None
+        config = self.paged.config
+        return float(SCHEDULER_MAPPING[config.scheduler_type](self.paged.cache, config.safety_margin, 1).safety_margin)
+
+    def headline(self) -> str:
+        if self.full is None:
+            return f"nbhw serve: {self.model}: no paged cache ({self.problem})"
+        return (f"nbhw serve: {self.model} on {self.device_name}: {self.full.held:,} requests of "
+                f"{self.full.length:,} tokens at once")  # fmt: skip
+
+    def text(self) -> str:
+        rows = self.rows()
+        width = max(len(k) for k, _ in rows)
+        lines = [self.headline(), "", *(f"  {k.ljust(width)}  {v}" for k, v in rows), "", "Code"]
+        lines += ["    " + line if line else "" for line in self.code.splitlines()]
+        lines += ["", "Command", "    " + self.command]
+        return "\n".join(lines) + "\n"
+
+    def html(self) -> str:
+        esc = render.esc
+        table = render.html_table(("", ""), [list(r) for r in self.rows()])
+        return (f'<div class="nbhw-serve"><p><b>{esc(self.headline())}</b></p>{table}'
+                f'<pre class="nbhw-code">{esc(self.code)}</pre><pre>{esc(self.command)}</pre></div>')  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        found = self.paged
+        cache = None
+        if found is not None:
+            cache = {"sectors": found.sectors, "bytes_per_sector": found.bytes_per_sector,
+                     "tokens_per_sector": found.tokens_per_sector, "bytes": found.cache_bytes,
+                     "blocks": found.blocks, "page_size": found.config.page_size,
+                     "tokens": found.blocks * found.config.page_size, "available_bytes": found.available,
+                     "max_batch_tokens": found.max_batch_tokens, "batch_bytes": found.batch_bytes,
+                     "mask_bytes": found.mask_bytes, "fixed_bytes": found.fixed_bytes,
+                     "pools": [asdict(p) for p in found.pools],
+                     "max_memory_percent": found.config.max_memory_percent,
+                     "cuda_graphs": list(found.config.cuda_graph_booleans),
+                     "async_batching": found.config.use_async_batching}  # fmt: skip
+        return {"model": self.model, "task": "serve", "device": self.device_name, "device_bytes": self.device.total,
+                "held_bytes": self.device.held, "attention": self.attention, "cache": cache, "problem": self.problem,
+                "requests": None if self.full is None else asdict(self.full),
+                "typical": None if self.typical is None else asdict(self.typical), "longest": self.longest,
+                "code": self.code, "command": self.command}  # fmt: skip
+
+
+# ---------------------------------------------------------------- the plan
+
+
+def _load_plan(model: str | Path | None, args: ServeArgs, offline: bool) -> LoadPlan:
+    """The load plan of the serving device: a target's first card, else this machine's first accelerator, else its
+    CPU (``device_memory``: that device's memory, instead of what is free there now)."""
+    values: dict[str, Any] = {"dtype": args.dtype, "context": args.context, "reserve": args.reserve,
+                              "attn_implementation": args.attn_implementation, "target": args.target}  # fmt: skip
+    on_cpu = args.target is None and plan(model, offline=offline, **values).live.accelerator is None
+    device: int | str = "cpu" if on_cpu else 0
+    if args.device_memory is not None:
+        values["max_memory"] = {device: args.device_memory}
+    return plan(model, offline=offline, device_map=device, **values)
+
+
+def _device(load: LoadPlan) -> tuple[paged.Device, str, str]:
+    placement = load.weight_placement
+    if placement is None or placement.kind in ("none", "too_big"):
+        why = placement.verdict if placement is not None else "no placement (the config is not available)"
+        raise UserError(f"serve: the weights do not fit the device: {why}")
+    share = placement.devices[0]
+    backend = run_plan.backend_of(share.key, load)
+    held = run_plan.reserve(share.key, load)
+    total = share.budget if share.budget is not None else 0
+    device = paged.Device(TRANSFORMERS_KIND.get(backend, backend), total, share.bytes + (held.bytes if held else 0),
+                          backend in GRAPH_BACKENDS)  # fmt: skip
+    return device, share.device, placement.budget_source
+
+
+def _cb_config(args: ServeArgs) -> Any:
+    from transformers import ContinuousBatchingConfig  # lazy: import nbhw and %load_ext nbhw stay free of it
+
+    given = {"max_memory_percent": args.memory_percent, "page_size": args.page_size,
+             "max_batch_tokens": args.max_batch_tokens}  # fmt: skip
+    return ContinuousBatchingConfig(**{k: v for k, v in given.items() if v is not None})
+
+
+def served_attention(load: LoadPlan) -> str:
+    """The attention implementation continuous batching runs: the one asked (else the model's default), eager as
+    paged|eager (transformers' switch_to_cb_friendly_attn)."""
+    model = load.meta_model
+    default = str(getattr(model.config, "_attn_implementation", None) or "sdpa") if model is not None else "sdpa"
+    asked = load.args.attn_implementation or default
+    return "paged|eager" if asked == "eager" else asked
+
+
+def _made(load: LoadPlan, args: ServeArgs, device: paged.Device) -> tuple[paged.Paged | None, str | None]:
+    """transformers' resolved config and paged cache (a refusal of a value is a UserError; no room is a problem)."""
+    model, served = load.meta_model, served_attention(load)
+    if model is None:
+        return None, "no meta model (the config is not available or transformers refused it)"
+    try:
+        config = paged.resolved(model, _cb_config(args), device, served)
+    except ValueError as exc:
+        raise UserError(f"serve: transformers refuses the continuous batching config: {exc}") from None
+    try:
+        return paged.paged(model, config, device, served), None
+    except (ValueError, MemoryError) as exc:
+        why = " ".join(str(exc).split())
+        return None, (f"transformers can't make the cache in what the weights leave: {why} (a smaller "
+                      "max_batch_tokens, or more memory)")  # fmt: skip
+
+
+def serve_plan(model: str | Path | None = None, *, offline: bool = False, **values: Any) -> ServePlan:
+    """What ``generate_batch`` / ``transformers serve --continuous-batching`` will hold for ``model``: the paged cache
+    transformers makes with the memory the weights leave, and how many requests of ``context`` tokens fit at once.
+
+    >>> nbhw.plan("Qwen/Qwen3-8B", task="serve", target="L4", context="8k", prompt=512, answer=256)  # doctest: +SKIP
+    """
+    args = serve_args(**values)
+    load = _load_plan(model, args, offline)
+    device, name, source = _device(load)
+    found, problem = _made(load, args, device)
+    full = typical = longest = None
+    if found is not None:
+        full = Requests(load.context, paged.requests_held(found, load.context))
+        if args.prompt is not None and args.answer is not None:
+            length = args.prompt + args.answer
+            held = paged.requests_held(found, length)
+            typical = Requests(length, held, paged.most_together(found, args.prompt, args.answer, held))
+        limit = run_search.context_limit(load.config.config) if load.config.available else load.context
+        longest = paged.longest_request(found, min(limit, run_search.NO_LIMIT))
+    return ServePlan(load.model, args, load, device, name, source, found, problem, full, typical, longest)
+
+
+serve_plan.__signature__ = signature(serve_plan, SERVE_ARGUMENTS, keep=("model", "offline"))  # type: ignore[attr-defined]

@@ -1,0 +1,183 @@
+"""Serving with continuous batching: nbhw's paged cache and its requests against the manager transformers really
+makes on the CPU (tiny random models of five families), the graphs decision against the manager's own on a faked
+NVIDIA device, and the words (one-line mistakes, the CLI, the magic)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import torch
+import transformers as tf
+from IPython.core.error import UsageError
+from transformers import ContinuousBatchingConfig, GenerationConfig
+from transformers.generation.continuous_batching import cache as cb_cache
+from transformers.generation.continuous_batching import scheduler as cb_scheduler
+from transformers.generation.continuous_batching import utils as cb_utils
+
+import nbhw
+from nbhw.__main__ import main
+from nbhw.core.errors import UserError
+from nbhw.core.serve.serve_plan import ServePlan
+from tests.support import families
+from tests.support.models import saved
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+# dense GQA, sliding window, hybrid (sliding + full layers), MLA, MoE
+FAMILIES = ("qwen3", "mistral", "gemma3", "deepseek_v3", "qwen3_moe")
+# a few MiB for a tiny model: tens of pages, so that the requests that fit are a handful
+SMALL = {"device_memory": "3MiB", "reserve": 0, "context": 64, "page_size": 16, "max_batch_tokens": 128,
+         "memory_percent": 1.0, "prompt": 56, "answer": 8}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("serve")
+    return {name: saved(getattr(families, name)(), root / name) for name in FAMILIES}
+
+
+class Watched:
+    """The real manager's caches and, per scheduled batch, how many requests were running and waiting."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, plan: ServePlan) -> None:
+        self.caches: list[Any] = []
+        self.steps: list[tuple[int, int]] = []
+        made, scheduled = cb_cache.PagedAttentionCache.__init__, cb_scheduler.FIFOScheduler.schedule_batch
+
+        def init(cache: Any, *args: Any, **kwargs: Any) -> None:
+            made(cache, *args, **kwargs)
+            self.caches.append(cache)
+
+        def schedule(scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+            out = scheduled(scheduler, *args, **kwargs)
+            self.steps.append((len(scheduler.active_requests), len(scheduler.waiting_requests)))
+            return out
+
+        monkeypatch.setattr(cb_cache.PagedAttentionCache, "__init__", init)
+        monkeypatch.setattr(cb_scheduler.FIFOScheduler, "schedule_batch", schedule)
+        # the device's memory as nbhw planned it: the one function transformers asks (on the CPU it reads the RSS)
+        device = plan.device
+        breakdown = (torch.device(device.kind), device.total, device.held, device.held)
+        monkeypatch.setattr(cb_cache, "get_device_and_memory_breakdown", lambda: breakdown)
+
+    def run(self, model: Any, plan: ServePlan, requests: int) -> list[Any]:
+        """``requests`` distinct prompts of plan.args.prompt tokens, each generating plan.args.answer, through the
+        manager init_continuous_batching makes with the plan's config (the cell's)."""
+        self.steps.clear()
+        keywords = {k: eval(v) for k, v in plan.cb_keywords}  # the cell's literals
+        config = ContinuousBatchingConfig(**keywords)
+        generation = GenerationConfig(max_new_tokens=plan.args.answer, do_sample=False, eos_token_id=-1)
+        manager = model.init_continuous_batching(generation_config=generation, continuous_batching_config=config)
+        prompt = int(plan.args.prompt or 0)
+        manager.add_requests([[(i * 31 + j * 7) % 250 + 1 for j in range(prompt)] for i in range(requests)])
+        manager.start()
+        try:
+            return [manager.get_result(timeout=120) for _ in range(requests)]
+        finally:
+            manager.stop(block=True)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_manager_transformers_makes_holds_nbhws_cache_and_requests(
+    folders: dict[str, str], family: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plan = nbhw.plan(folders[family], task="serve", **SMALL)
+    assert isinstance(plan, ServePlan) and plan.paged is not None and plan.typical is not None
+    together = plan.typical.together
+    assert together is not None and together.most_active >= 2, plan.text()
+    watched = Watched(monkeypatch, plan)
+    model = tf.AutoModelForCausalLM.from_pretrained(folders[family])
+    results = watched.run(model, plan, together.most_active)
+    real = watched.caches[-1]
+    # the pages and bytes transformers allocated are nbhw's
+    assert (real.num_sectors, real.cache_tensor.numel(), real.num_blocks, real.max_batch_tokens) == (
+        plan.paged.sectors, plan.paged.cache_bytes, plan.paged.blocks, plan.paged.max_batch_tokens)  # fmt: skip
+    assert [p.attention for p in plan.paged.pools] == list(real.cache_allocators)
+    # nbhw's number of requests all ran at once, to the end
+    assert max(active for active, _ in watched.steps) == together.most_active
+    assert all(r is not None and len(r.generated_tokens) == plan.args.answer for r in results)
+    # one more: at most that many run, and one waits while they decode
+    watched.run(model, plan, together.most_active + 1)
+    assert max(active for active, _ in watched.steps) == together.most_active
+    assert any(waiting and active == together.most_active for active, waiting in watched.steps), watched.steps
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager", "flash_attention_2", "flash_attention_3"])
+def test_graphs_and_async_batching_are_the_managers_own_decision(
+    folders: dict[str, str], attention: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a faked NVIDIA device (its torch module, where transformers asks whether graphs exist), the manager's
+    resolved config says the same as nbhw's plan for that card."""
+    plan = nbhw.plan(folders["qwen3"], task="serve", target="H100", attn_implementation=attention, context=1024)
+    assert isinstance(plan, ServePlan) and plan.config is not None
+    monkeypatch.setattr(cb_utils, "get_available_accelerator_module", lambda: torch.cuda)
+    model = tf.AutoModelForCausalLM.from_pretrained(folders["qwen3"])
+    model.config._attn_implementation = "eager" if attention == "eager" else attention
+    manager = model.init_continuous_batching(continuous_batching_config=ContinuousBatchingConfig())
+    theirs = manager.continuous_batching_config
+    ours = plan.config
+    assert (theirs.cuda_graph_booleans, theirs.use_async_batching) == (
+        ours.cuda_graph_booleans,
+        ours.use_async_batching,
+    )
+    flash = attention.startswith("flash")
+    assert any(ours.cuda_graph_booleans) is flash and ours.use_async_batching is flash
+    assert plan.attention == ("paged|eager" if attention == "eager" else attention)
+    words = plan.graphs_why()
+    assert words.startswith(f"CUDA graphs {'on' if flash else 'off'}") and plan.attention in words
+
+
+def test_the_plan_says_what_each_figure_is_and_writes_the_cell_and_command(folders: dict[str, str]) -> None:
+    plan = nbhw.plan(folders["gemma3"], task="serve", **SMALL)
+    assert isinstance(plan, ServePlan)
+    text = plan.text()
+    for words in ("max_memory_percent  1: yours", "sliding_attention", "full_attention", "window 32", "requests ",
+                  "scheduled together", "longest request", "transformers serve --continuous-batching"):  # fmt: skip
+        assert words in text, words
+    assert "ContinuousBatchingConfig(max_memory_percent=1.0, page_size=16, max_batch_tokens=128)" in plan.code
+    assert "max_memory" not in plan.code.split("ContinuousBatchingConfig")[0]  # device_memory bounds nothing
+    data = plan.to_dict()
+    assert data["cache"]["sectors"] == plan.paged.sectors and data["requests"]["held"] == plan.full.held  # type: ignore[union-attr]
+    json.dumps(data)
+
+
+@pytest.mark.parametrize(
+    ("values", "words"),
+    [
+        ({"context": 4096}, "valid: 2 to 2,048"),  # beyond the model's maximum positions
+        ({"memory_percent": 1.5}, "valid: a fraction in (0, 1]"),
+        ({"memory_percent": 0}, "valid: a fraction in (0, 1]"),
+        ({"page_size": 2, "device_memory": "3MiB"}, "page_size must be at least 4"),
+        ({"prompt": 10}, "give both"),
+        ({"target": "T4", "device_memory": "10GiB"}, "give one"),
+        ({"batch": 4}, "not for task='serve'"),
+    ],
+)
+def test_mistakes_are_one_line_errors(folders: dict[str, str], values: dict[str, Any], words: str) -> None:
+    with pytest.raises(UserError) as err:
+        nbhw.plan(folders["qwen3"], task="serve", **values)
+    assert "\n" not in str(err.value) and words in str(err.value), str(err.value)
+
+
+def test_the_cli_and_the_magic_take_the_same_words(
+    folders: dict[str, str], ip: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    words = [folders["qwen3"], "--context", "64", "--device-memory", "3MiB", "--reserve", "0", "--page-size", "16",
+             "--max-batch-tokens", "128", "--memory-percent", "1"]  # fmt: skip
+    assert main(["serve", *words, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    alone = {k: v for k, v in SMALL.items() if k not in ("prompt", "answer")}
+    expected = nbhw.plan(folders["qwen3"], task="serve", **alone)
+    assert shown["cache"]["sectors"] == expected.paged.sectors  # type: ignore[union-attr]
+    assert main(["serve", folders["qwen3"], "--memory-percent", "2"]) == 2
+    assert "memory_percent 2.0 is out of range" in capsys.readouterr().err
+    ip.run_line_magic("load_ext", "nbhw")
+    ip.run_line_magic("hw", "serve " + " ".join(words) + " --emit")
+    assert "init_continuous_batching" in ip.rl_next_input
+    with pytest.raises(UsageError, match="give both"):
+        ip.run_line_magic("hw", "serve " + " ".join(words) + " --prompt 10")
+    capsys.readouterr()
+    ip.run_line_magic("hw", "load " + " ".join(words) + " --task serve --json")  # the same plan as %hw serve
+    assert json.loads(capsys.readouterr().out)["cache"]["sectors"] == expected.paged.sectors  # type: ignore[union-attr]
