@@ -23,7 +23,7 @@ from nbhw.core.plan import load_form
 from nbhw.core.plan.load_form import CONTROLS, Form, cached_models, form_words
 from nbhw.core.train import train_form
 from nbhw.core.train.tasks import check_names, check_task
-from nbhw.core.train.train_form import TRAIN_CONTROLS, TrainForm
+from nbhw.core.train.train_form import TASK_LABELS, TRAIN_CONTROLS, TrainForm
 from nbhw.ui.attention import AttentionView
 from nbhw.ui.devices import DevicesView
 from nbhw.ui.load import LoadView
@@ -307,6 +307,10 @@ def panel(
     (``method``, ``batch``, ``context``, ``lora_r``, ``device_memory``, ...): the preview is the training plan.
     """
     task = check_task(task)
+    if task not in TASK_LABELS:  # serving has no mode in the Load tab yet
+        raise UserError(
+            f"the panel's Load tab has no {task!r} mode (%hw {task} shows it); valid: {', '.join(TASK_LABELS)}"
+        )
     check_names(task, arguments)  # a word of the other task's plan says which task it is for
     name = str(model) if model is not None else load_form.default_model()
     if task == "train":

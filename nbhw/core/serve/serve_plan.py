@@ -121,7 +121,7 @@ class ServePlan(render.Shown):
             f"    generation_config=GenerationConfig(max_new_tokens={answer}), continuous_batching_config=cb_config",
             ")",
             "manager.start()",
-            f"prompts = [\"Hello, my name is\"] * {max(self.full.held if self.full else 1, 1)}",
+            f"prompts = [\"Hello, my name is\"] * {self.requests_in_cell}",
             "manager.add_requests([tokenizer(p)[\"input_ids\"] for p in prompts])",
             "results = [manager.get_result(timeout=600) for _ in prompts]",
             "manager.stop(block=True)",
@@ -129,6 +129,20 @@ class ServePlan(render.Shown):
         source = "\n".join(lines) + "\n"
         ast.parse(source)
         return source
+
+    @property
+    def requests_in_cell(self) -> int:
+        """As many requests as fit: of the typical split when one is given, else at full length."""
+        found = self.typical or self.full
+        return max(found.held if found is not None else 1, 1)
+
+    def decode_path_words(self) -> str | None:
+        """The decode fast path (flash attention's block tables) as resolved here, when it may differ on the card."""
+        if self.config is None or not self.device.graphs or not self.attention.startswith("flash"):
+            return None
+        state = "on" if self.config.max_blocks_per_request else "off"
+        return (f"{state} as resolved here; on the card transformers turns it on when flash_attn_with_kvcache "
+                "imports, and its block tables then take a little of the cache (unknown here)")  # fmt: skip
 
     @property
     def command(self) -> str:
@@ -169,6 +183,9 @@ class ServePlan(render.Shown):
              f"outputs, the activation peak), masks {size(found.mask_bytes)}, fixed {size(found.fixed_bytes)}"),
             ("graphs", self.graphs_why()),
         ]  # fmt: skip
+        decode = self.decode_path_words()
+        if decode is not None:
+            out.append(("decode fast path", decode))
         if self.full is not None:
             out.append(("requests", f"{self.full.held:,} at once of {self.full.length:,} tokens (full length)"))
         if self.typical is not None:

@@ -181,3 +181,8 @@ def test_the_cli_and_the_magic_take_the_same_words(
     capsys.readouterr()
     ip.run_line_magic("hw", "load " + " ".join(words) + " --task serve --json")  # the same plan as %hw serve
     assert json.loads(capsys.readouterr().out)["cache"]["sectors"] == expected.paged.sectors  # type: ignore[union-attr]
+
+
+def test_the_panel_says_serving_has_no_mode_of_its_own_yet() -> None:
+    with pytest.raises(UserError, match="no 'serve' mode .*valid: infer, train"):
+        nbhw.panel(task="serve")
