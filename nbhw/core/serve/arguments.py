@@ -45,6 +45,23 @@ def percent_from_text(text: str) -> float:
         raise UserError(f"memory_percent {text!r} is not a number; valid: {PERCENT_WORDS}") from None
 
 
+COMPILE_LEVELS = (0, 1, 2, 3)  # ContinuousBatchingConfig.default_compile_level
+
+
+def check_compile_level(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or value not in COMPILE_LEVELS:
+        raise UserError(f"compile_level {value!r} is not valid; valid: {', '.join(map(str, COMPILE_LEVELS))}")
+    return int(value)
+
+
+def compile_level_from_text(text: str) -> int:
+    if not text.strip().isdigit():
+        raise UserError(f"compile_level {text!r} is not valid; valid: {', '.join(map(str, COMPILE_LEVELS))}")
+    return int(text)
+
+
 def check_device_memory(value: Any) -> int | str | None:
     if value is None:
         return None
@@ -92,6 +109,11 @@ class ServeArgs:
     page_size: int | None = argument(
         metavar="TOKENS", parse=_tokens("page_size"), check=check_optional_tokens("page_size"), word=word,
         help="tokens per page of a full-attention layer (default: transformers' 256)",
+    )  # fmt: skip
+    compile_level: int | None = argument(
+        metavar="LEVEL", parse=compile_level_from_text, check=check_compile_level,
+        help="ContinuousBatchingConfig.default_compile_level: 0 (no compile, the default) to 3; the graphs decision "
+        "reads the compile configs it makes",
     )  # fmt: skip
     max_batch_tokens: int | None = argument(
         metavar="TOKENS", parse=_tokens("max_batch_tokens"), check=check_optional_tokens("max_batch_tokens"),

@@ -72,15 +72,19 @@ class ServePlan(render.Shown):
             return "unknown: the cache could not be made"
         varlen, decode = config.cuda_graph_booleans
         graphs = "on" if varlen or decode else "off"
+        compiled = [c.mode for c in (config.varlen_compile_config, config.decode_compile_config) if c is not None]
         if not self.device.graphs:
             why = f"{self.device.kind} has no CUDA-graph-like objects"
+        elif compiled and not (varlen or decode) and self.attention.startswith("flash"):
+            why = f"the compile mode ({', '.join(sorted(set(compiled)))}) makes its own graphs"
         elif self.attention.startswith("flash"):
             why = f"{self.attention} needs no attention mask"
         else:
             why = f"{self.attention} needs an attention mask (padding would cost it more than graphs save)"
         both = f" (prefill {'on' if varlen else 'off'}, decode {'on' if decode else 'off'})" if varlen != decode else ""
         sync = "on" if config.use_async_batching else "off"
-        return f"CUDA graphs {graphs}{both}, async batching {sync}: {why}"
+        compile_words = f"; compiled: {', '.join(sorted(set(compiled)))}" if compiled else ""
+        return f"CUDA graphs {graphs}{both}, async batching {sync}: {why}{compile_words}"
 
     def percent_why(self) -> str:
         if self.args.memory_percent is not None:
@@ -97,7 +101,8 @@ class ServePlan(render.Shown):
     @property
     def cb_keywords(self) -> list[tuple[str, str]]:
         found = [("max_memory_percent", self.args.memory_percent), ("page_size", self.args.page_size),
-                 ("max_batch_tokens", self.args.max_batch_tokens)]  # fmt: skip
+                 ("max_batch_tokens", self.args.max_batch_tokens),
+                 ("default_compile_level", self.args.compile_level)]  # fmt: skip
         return [(k, repr(v) if isinstance(v, float) else py_literal(v)) for k, v in found if v is not None]
 
     @property
@@ -155,6 +160,8 @@ class ServePlan(render.Shown):
                   "cb_max_memory_percent": self.args.memory_percent, "cb_block_size": self.args.page_size,
                   "cb_max_batch_tokens": self.args.max_batch_tokens}  # fmt: skip
         flags += [f"--{k.replace('_', '-')} {v}" for k, v in wanted.items() if v is not None and k in takes]
+        if self.args.compile_level and "compile" in takes:
+            flags.append("--compile")
         return "transformers serve " + " ".join(flags)
 
     # ------------------------------------------------------------ shown
@@ -294,7 +301,7 @@ def _cb_config(args: ServeArgs) -> Any:
     from transformers import ContinuousBatchingConfig  # lazy: import nbhw and %load_ext nbhw stay free of it
 
     given = {"max_memory_percent": args.memory_percent, "page_size": args.page_size,
-             "max_batch_tokens": args.max_batch_tokens}  # fmt: skip
+             "max_batch_tokens": args.max_batch_tokens, "default_compile_level": args.compile_level}  # fmt: skip
     return ContinuousBatchingConfig(**{k: v for k, v in given.items() if v is not None})
 
 

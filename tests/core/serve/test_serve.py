@@ -104,24 +104,29 @@ def test_the_manager_transformers_makes_holds_nbhws_cache_and_requests(
     assert any(waiting and active == together.most_active for active, waiting in watched.steps), watched.steps
 
 
+@pytest.mark.parametrize("compile_level", [0, 3])
 @pytest.mark.parametrize("attention", ["sdpa", "eager", "flash_attention_2", "flash_attention_3"])
 def test_graphs_and_async_batching_are_the_managers_own_decision(
-    folders: dict[str, str], attention: str, monkeypatch: pytest.MonkeyPatch
+    folders: dict[str, str], attention: str, compile_level: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On a faked NVIDIA device (its torch module, where transformers asks whether graphs exist), the manager's
-    resolved config says the same as nbhw's plan for that card."""
-    plan = nbhw.plan(folders["qwen3"], task="serve", target="H100", attn_implementation=attention, context=1024)
+    resolved config says the same as nbhw's plan for that card, compiled or not."""
+    plan = nbhw.plan(folders["qwen3"], task="serve", target="H100", attn_implementation=attention, context=1024,
+                     compile_level=compile_level)  # fmt: skip
     assert isinstance(plan, ServePlan) and plan.config is not None
     monkeypatch.setattr(cb_utils, "get_available_accelerator_module", lambda: torch.cuda)
     model = tf.AutoModelForCausalLM.from_pretrained(folders["qwen3"])
     model.config._attn_implementation = "eager" if attention == "eager" else attention
-    manager = model.init_continuous_batching(continuous_batching_config=ContinuousBatchingConfig())
+    config = ContinuousBatchingConfig(default_compile_level=compile_level)
+    manager = model.init_continuous_batching(continuous_batching_config=config)
     theirs = manager.continuous_batching_config
     ours = plan.config
     assert (theirs.cuda_graph_booleans, theirs.use_async_batching) == (
         ours.cuda_graph_booleans,
         ours.use_async_batching,
     )
+    modes = [(c.mode if c else None) for c in (theirs.varlen_compile_config, theirs.decode_compile_config)]
+    assert modes == [(c.mode if c else None) for c in (ours.varlen_compile_config, ours.decode_compile_config)]
     flash = attention.startswith("flash")
     assert any(ours.cuda_graph_booleans) is flash and ours.use_async_batching is flash
     assert plan.attention == ("paged|eager" if attention == "eager" else attention)
@@ -153,6 +158,7 @@ def test_the_plan_says_what_each_figure_is_and_writes_the_cell_and_command(folde
         ({"prompt": 10}, "give both"),
         ({"target": "T4", "device_memory": "10GiB"}, "give one"),
         ({"batch": 4}, "not for task='serve'"),
+        ({"compile_level": 4}, "valid: 0, 1, 2, 3"),
     ],
 )
 def test_mistakes_are_one_line_errors(folders: dict[str, str], values: dict[str, Any], words: str) -> None:
@@ -184,5 +190,5 @@ def test_the_cli_and_the_magic_take_the_same_words(
 
 
 def test_the_panel_says_serving_has_no_mode_of_its_own_yet() -> None:
-    with pytest.raises(UserError, match="no 'serve' mode .*valid: infer, train"):
+    with pytest.raises(UserError, match=r"no 'serve' mode .*valid: infer, train"):
         nbhw.panel(task="serve")
