@@ -24,7 +24,7 @@ TORCH = "torch==2.13.0"
 # The libraries nbhw reads decisions from, as pyproject.toml names them.
 READ = ("transformers", "accelerate", "peft", "kernels")
 # The tests that read library decisions: device choice, attention rules, kernels, quantization gates, private
-# names, dry runs, caches, target plans and the defaults of from_pretrained.
+# names, dry runs, caches, target plans, the defaults of from_pretrained and continuous batching's sizing.
 TESTS = (
     "tests/core/advice/test_library_defaults.py",
     "tests/core/hf/test_choice.py",
@@ -35,6 +35,7 @@ TESTS = (
     "tests/core/plan/test_dryrun.py",
     "tests/core/plan/test_cache_implementation.py",
     "tests/core/plan/test_placement.py",
+    "tests/core/serve/test_serve.py",
 )
 
 

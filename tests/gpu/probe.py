@@ -9,6 +9,7 @@ only; the tests in this folder judge them.
   detect                 nbhw's devices, then (after) torch's device properties and bf16/tf32 answers
   visible                nbhw's cuda:N mapping before CUDA starts, torch's after, and nbhw's again after
   load MODEL             plan MODEL, check no context, run the emitted cell, measure torch's allocation
+  serve MODEL CONTEXT    nbhw's serving plan, then the manager transformers makes on the card with its config
   preflight              nbhw.doctor() and detect(), then: a context? a forked child in torch's bad-fork state?
                          the arch list read from torch's binary against torch.cuda.get_arch_list(), and each
                          GPU's predicted verdict against a real kernel launch on it (CUDA started on purpose)
@@ -429,6 +430,48 @@ def offline_kernels_facts(model_path: str) -> dict[str, Any]:
     return found
 
 
+def serve_facts(model_path: str, context: str) -> dict[str, Any]:
+    """nbhw's serving plan on cuda:0 (nothing allocated), then the model loaded there and the manager
+    init_continuous_batching makes with the plan's config started for real: its paged cache and decisions."""
+    import torch
+    from transformers import AutoModelForCausalLM, ContinuousBatchingConfig
+    from transformers.generation.continuous_batching import cache as cb_cache
+
+    import nbhw
+
+    plan = nbhw.plan(model_path, task="serve", context=int(context))
+    made: list[Any] = []
+    original = cb_cache.PagedAttentionCache.__init__
+
+    def init(cache: Any, *args: Any, **kwargs: Any) -> None:
+        original(cache, *args, **kwargs)
+        made.append(cache)
+
+    cb_cache.PagedAttentionCache.__init__ = init  # type: ignore[method-assign]
+    model = AutoModelForCausalLM.from_pretrained(model_path, device_map=0)
+    keywords = {k: eval(v) for k, v in plan.cb_keywords}  # the cell's literals
+    manager = model.init_continuous_batching(continuous_batching_config=ContinuousBatchingConfig(**keywords))
+    manager.start()
+    manager.add_requests([[1, 2, 3]], max_new_tokens=2)
+    manager.get_result(timeout=120)
+    manager.stop(block=True)
+    real, config = made[-1], manager.continuous_batching_config
+    ours = plan.paged
+    return {
+        "planned_sectors": ours.sectors if ours else None, "real_sectors": int(real.num_sectors),
+        "planned_cache_bytes": ours.cache_bytes if ours else None, "real_cache_bytes": int(real.cache_tensor.numel()),
+        "bytes_per_sector": [ours.bytes_per_sector if ours else None, int(real.bytes_per_sector)],
+        "planned_graphs": list(plan.config.cuda_graph_booleans) if plan.config else None,
+        "real_graphs": list(config.cuda_graph_booleans),
+        "planned_async": plan.config.use_async_batching if plan.config else None,
+        "real_async": bool(config.use_async_batching),
+        "planned_percent": plan.config.max_memory_percent if plan.config else None,
+        "real_percent": config.max_memory_percent, "problem": plan.problem,
+        "device": plan.device_name, "held_planned": plan.device.held,
+        "allocated_after_load": int(torch.cuda.memory_allocated(0)),
+    }  # fmt: skip
+
+
 CHECKS = {
     "preflight": lambda args: preflight_facts(),
     "context": lambda args: context(args[0], args[1] if len(args) > 1 else None),
@@ -438,6 +481,7 @@ CHECKS = {
     "generate": lambda args: generate_facts(args[0], args[1]),
     "tight": lambda args: tight_facts(args[0], args[1]),
     "offline_kernels": lambda args: offline_kernels_facts(args[0]),
+    "serve": lambda args: serve_facts(args[0], args[1]),
 }
 
 

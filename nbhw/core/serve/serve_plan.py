@@ -323,8 +323,12 @@ def _made(load: LoadPlan, args: ServeArgs, device: paged.Device) -> tuple[paged.
         config = paged.resolved(model, _cb_config(args), device, served)
     except ValueError as exc:
         raise UserError(f"serve: transformers refuses the continuous batching config: {exc}") from None
+    except (AttributeError, ImportError, TypeError) as exc:  # another release's continuous batching
+        return None, f"unknown: this transformers' continuous batching is not the one nbhw reads ({exc!r})"
     try:
         return paged.paged(model, config, device, served), None
+    except (AttributeError, ImportError, TypeError) as exc:
+        return None, f"unknown: this transformers' paged cache is not the one nbhw reads ({exc!r})"
     except (ValueError, MemoryError) as exc:
         why = " ".join(str(exc).split())
         return None, (f"transformers can't make the cache in what the weights leave: {why} (a smaller "
