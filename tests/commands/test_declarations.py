@@ -38,6 +38,7 @@ SHOWN = {
     "dtype": "float16",
     "device_map": "sequential",
     "max_memory": {"cpu": "2GiB"},
+    "budget": {"cpu": "3GiB"},
     "attn_implementation": "eager",
     "use_kernels": True,
     "quantization": "4bit",
@@ -56,7 +57,8 @@ SHOWN = {
 @pytest.mark.parametrize("surface", ["magic", "cli"])
 def test_the_load_words_are_exactly_the_declared_arguments(surface: commands.Surface) -> None:
     words = options_of(commands.parser(surface), "load")
-    groups = (TASK_ARGUMENTS, PLAN_ARGUMENTS, tasks.TRAIN_ONLY)  # --task train: the training plan's words too
+    # --task train / serve: the training and serving plans' words too
+    groups = (TASK_ARGUMENTS, PLAN_ARGUMENTS, tasks.TRAIN_ONLY, tasks.SERVE_ONLY)
     expected = set().union(*map(declared_words, groups)) | {"model", "--offline", "--emit", "--json"}
     assert set(words) == expected, set(words) ^ expected
     for a in (a for g in groups for a in g):  # each word lands on the argument's own keyword
@@ -64,8 +66,8 @@ def test_the_load_words_are_exactly_the_declared_arguments(surface: commands.Sur
 
 
 def test_every_argument_is_a_keyword_of_plan_panel_and_to_dict() -> None:
-    train_only = {a.name for a in tasks.TRAIN_ONLY}
-    assert set(inspect.signature(nbhw.plan).parameters) == PLAN_NAMES | train_only | {"task", "model", "offline"}
+    others = {a.name for a in (*tasks.TRAIN_ONLY, *tasks.SERVE_ONLY)}
+    assert set(inspect.signature(nbhw.plan).parameters) == PLAN_NAMES | others | {"task", "model", "offline"}
     panel_keywords = set(inspect.signature(nbhw.panel).parameters) - {"model", "offline", "tab", "interval", "window"}
     # the Load tab's controls, and (task="train") its Train mode's: one per declared argument with a control
     assert set(CONTROLS) == {a.name for a in PLAN_ARGUMENTS if a.control}

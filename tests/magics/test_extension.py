@@ -86,7 +86,10 @@ def test_help_is_the_docstring_of_every_subcommand(ip: Any) -> None:
 @pytest.mark.parametrize(
     ("line", "names"),
     [
-        ("bogus", "devices, memory, attention, load, quantization, targets, train, fit, report, loaded, pin, doctor"),
+        (
+            "bogus",
+            "devices, memory, attention, load, serve, quantization, targets, train, fit, report, loaded, pin, doctor",
+        ),
         ("devices --bogus", "--json"),
         ("devices extra words", "--json"),
         ("memory --interval x", "number of seconds"),

@@ -132,6 +132,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     _n(GEN, "GenerationMixin._maybe_prepare_encoder_kwargs_for_generation", "call", TF_V, "the encoder's run"),
     _n(GEN, "GenerationMixin._prepare_position_ids_for_generation", "call", TF_V, "position ids from the mask"),
     _n(GEN, "GenerationMixin._supports_logits_to_keep", "call", TF_V, "generate() computes the last logits only"),
+    _n(GEN, "GenerationMixin._get_logits_processor", "call", TF_V, "continuous batching's logit processors (serve)"),
     _n(
         GEN,
         "GenerationMixin.generate",

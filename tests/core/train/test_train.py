@@ -584,7 +584,8 @@ def test_plan_with_task_train_is_the_training_plan_in_every_surface(
     cases: list[tuple[dict[str, Any], str]] = [
         ({"task": "train", "device_map": "auto"}, "device_map is for task='infer'; task='train' takes: batch, "),
         ({"devices": 2}, "devices is for task='train'; task='infer' takes: attn_implementation, "),
-        ({"task": "serve"}, "unknown task 'serve'; valid: infer, train"),
+        ({"task": "build"}, "unknown task 'build'; valid: infer, train, serve"),
+        ({"task": "serve", "devices": 2}, "devices is not for task='serve'; it takes: "),
     ]
     for values, message in cases:
         with pytest.raises(UserError, match=message):
