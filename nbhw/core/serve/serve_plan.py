@@ -23,6 +23,9 @@ from nbhw.core.render import py_literal, py_str
 from nbhw.core.serve import paged
 from nbhw.core.serve.arguments import SERVE_ARGUMENTS, ServeArgs, serve_args
 
+# The scheduler is simulated request by request, step by step: past this many request-steps (a few seconds) the
+# plan says it did not simulate, instead of keeping the user waiting.
+MOST_STEPS = 2_000_000
 GRAPH_BACKENDS = ("cuda", "rocm", "xpu")  # backends whose torch device module has graphs (DEVICE_TYPE_TO_GRAPH_NAME)
 TRANSFORMERS_KIND = {"rocm": "cuda"}  # how transformers names the device (torch.device) of a backend
 
@@ -207,6 +210,9 @@ class ServePlan(render.Shown):
         """What the scheduler did with those requests, sent all at once (transformers' own scheduler, simulated)."""
         seen = self.typical.together if self.typical is not None else None
         margin = self.safety_margin()
+        if seen is None and self.typical is not None:
+            return (f"not simulated ({self.typical.held + 1:,} requests x {self.args.answer:,} steps is over "
+                    f"{MOST_STEPS:,}): at most the {self.typical.held:,} the cache holds")  # fmt: skip
         if seen is None or margin is None:
             return "unknown"
         held = self.typical.held if self.typical is not None else 0
@@ -351,7 +357,9 @@ def serve_plan(model: str | Path | None = None, *, offline: bool = False, **valu
         if args.prompt is not None and args.answer is not None:
             length = args.prompt + args.answer
             held = paged.requests_held(found, length)
-            typical = Requests(length, held, paged.most_together(found, args.prompt, args.answer, held))
+            steps = (held + 1) * (args.answer + args.prompt // max(found.max_batch_tokens, 1) + 1)
+            together = paged.most_together(found, args.prompt, args.answer, held) if steps <= MOST_STEPS else None
+            typical = Requests(length, held, together)
         limit = run_search.context_limit(load.config.config) if load.config.available else load.context
         longest = paged.longest_request(found, min(limit, run_search.NO_LIMIT))
     return ServePlan(load.model, args, load, device, name, source, found, problem, full, typical, longest)

@@ -195,3 +195,14 @@ def test_the_cli_and_the_magic_take_the_same_words(
 def test_the_panel_says_serving_has_no_mode_of_its_own_yet() -> None:
     with pytest.raises(UserError, match=r"no 'serve' mode .*valid: infer, train"):
         nbhw.panel(task="serve")
+
+
+def test_a_scheduler_too_long_to_simulate_is_said_not_simulated(
+    folders: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nbhw.core.serve import serve_plan
+
+    monkeypatch.setattr(serve_plan, "MOST_STEPS", 10)
+    plan = nbhw.plan(folders["qwen3"], task="serve", **SMALL)
+    assert isinstance(plan, ServePlan) and plan.typical is not None and plan.typical.together is None
+    assert f"not simulated ({plan.typical.held + 1:,} requests x 8 steps is over 10)" in plan.text()
