@@ -265,6 +265,15 @@ def check_max_memory(
     return result
 
 
+def check_device_memory(value: Any) -> int | str | None:
+    """A device's memory (``device_memory`` of training and serving plans), as accelerate reads sizes ('80GiB',
+    '24GB', or bytes); None: the device's own."""
+    if value is None:
+        return None
+    size_bytes(value, "device_memory")
+    return value  # type: ignore[no-any-return]
+
+
 def check_budget(value: Mapping[Any, Any] | Iterable[str] | None) -> dict[MemoryKey, int | str] | None:
     """``budget``: DEV=SIZE like max_memory (each device's memory for the run)."""
     return check_max_memory(value, "budget")

@@ -9,7 +9,15 @@ from nbhw.core.argument import argument, arguments, checked
 from nbhw.core.dtypes import DTYPE
 from nbhw.core.errors import UserError
 from nbhw.core.hardware.targets import TARGET, Target
-from nbhw.core.plan.arguments import check_attn, check_context, check_reserve, size_bytes, tokens, word
+from nbhw.core.plan.arguments import (
+    check_attn,
+    check_context,
+    check_device_memory,
+    check_reserve,
+    size_bytes,
+    tokens,
+    word,
+)
 
 PERCENT_WORDS = "a fraction in (0, 1], e.g. 0.9"
 
@@ -60,13 +68,6 @@ def compile_level_from_text(text: str) -> int:
     if not text.strip().isdigit():
         raise UserError(f"compile_level {text!r} is not valid; valid: {', '.join(map(str, COMPILE_LEVELS))}")
     return int(text)
-
-
-def check_device_memory(value: Any) -> int | str | None:
-    if value is None:
-        return None
-    size_bytes(value, "device_memory")
-    return value  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any
 from nbhw.core.argument import argument, arguments, checked
 from nbhw.core.errors import UserError, one_of
 from nbhw.core.hardware.targets import TARGET, Target, target_of
-from nbhw.core.plan.arguments import size_bytes, tokens, word
+from nbhw.core.plan.arguments import check_device_memory, size_bytes, tokens, word
 
 METHODS = ("full", "lora", "qlora")
 PRECISIONS = ("auto", "bfloat16", "float16", "float32")
@@ -133,14 +133,6 @@ def check_count(what: str) -> Any:
     return check
 
 
-def check_memory(value: Any) -> int | str | None:
-    """Memory per device, as accelerate reads sizes ('80GiB', '24GB', or bytes)."""
-    if value is None:
-        return None
-    size_bytes(value, "device_memory")
-    return value  # type: ignore[no-any-return]
-
-
 def context_word(text: str) -> int:
     return tokens(text, "context")
 
@@ -208,7 +200,7 @@ class TrainArgs:
         help="fsdp2 / zero2 / zero3: keep optimizer state (and sharded weights) in host memory",
     )  # fmt: skip
     device_memory: int | str | None = argument(
-        metavar="SIZE", check=check_memory, control="text",
+        metavar="SIZE", check=check_device_memory, control="text",
         help="memory per device, e.g. 80GiB (default: this machine's first accelerator)",
     )  # fmt: skip
     device_type: str = argument(
