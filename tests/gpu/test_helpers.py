@@ -216,7 +216,7 @@ def test_driver_runs_to_no_gpu_and_leaves_its_results(tmp_path: Path) -> None:
     assert names == {
         f"tests/gpu/test_{m}.py"
         for m in ("attention", "catalog_memory", "detect", "doctor", "holders", "loaded", "memory",
-                  "offline_kernels", "plan", "run", "train", "visible")
+                  "offline_kernels", "plan", "run", "serve", "train", "visible")
     }  # fmt: skip
     assert (tmp_path / "out/junit.xml").read_text().count("<skipped") == len(tests)
 
