@@ -289,18 +289,30 @@ def _load_plan(model: str | Path | None, args: ServeArgs, offline: bool) -> Load
     return plan(model, offline=offline, device_map=device, **values)
 
 
-def _device(load: LoadPlan) -> tuple[paged.Device, str, str]:
+def _device(load: LoadPlan, args: ServeArgs) -> tuple[paged.Device, str, str]:
     placement = load.weight_placement
     if placement is None or placement.kind in ("none", "too_big"):
         why = placement.verdict if placement is not None else "no placement (the config is not available)"
         raise UserError(f"serve: the weights do not fit the device: {why}")
     share = placement.devices[0]
     backend = run_plan.backend_of(share.key, load)
+    if backend == "cpu" and args.device_memory is None:
+        return _this_cpu(share.bytes), share.device, "this machine's RAM as transformers reads it (total, this RSS)"
     held = run_plan.reserve(share.key, load)
     total = share.budget if share.budget is not None else 0
     device = paged.Device(TRANSFORMERS_KIND.get(backend, backend), total, share.bytes + (held.bytes if held else 0),
                           backend in GRAPH_BACKENDS)  # fmt: skip
     return device, share.device, placement.budget_source
+
+
+def _this_cpu(weights: int) -> paged.Device:
+    """Serving on this machine's CPU: transformers reads the RAM's total and this process's RSS (its own
+    get_device_and_memory_breakdown, asked now: on the CPU it reads psutil, nothing else), and the weights add to
+    the RSS once loaded."""
+    from transformers.generation.continuous_batching.utils import get_device_and_memory_breakdown
+
+    _, total, reserved, allocated = get_device_and_memory_breakdown()
+    return paged.Device("cpu", int(total), int(max(reserved, allocated)) + weights, False)
 
 
 def _cb_config(args: ServeArgs) -> Any:
@@ -349,7 +361,7 @@ def serve_plan(model: str | Path | None = None, *, offline: bool = False, **valu
     """
     args = serve_args(**values)
     load = _load_plan(model, args, offline)
-    device, name, source = _device(load)
+    device, name, source = _device(load, args)
     found, problem = _made(load, args, device)
     full = typical = longest = None
     if found is not None:

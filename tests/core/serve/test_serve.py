@@ -206,3 +206,18 @@ def test_a_scheduler_too_long_to_simulate_is_said_not_simulated(
     plan = nbhw.plan(folders["qwen3"], task="serve", **SMALL)
     assert isinstance(plan, ServePlan) and plan.typical is not None and plan.typical.together is None
     assert f"not simulated ({plan.typical.held + 1:,} requests x 8 steps is over 10)" in plan.text()
+
+
+def test_on_this_cpu_the_memory_is_what_transformers_reads_here(folders: dict[str, str]) -> None:
+    """No device_memory, no accelerator: the RAM's total and this process's RSS as transformers' own probe reads
+    them (psutil; NUMA limits), the weights added to the RSS."""
+    _, total, reserved, allocated = cb_utils.get_device_and_memory_breakdown()
+    plan = nbhw.plan(folders["qwen3"], task="serve", context=64, max_batch_tokens=128)
+    assert isinstance(plan, ServePlan)
+    if plan.load.live.accelerator is not None:
+        pytest.skip(f"a {plan.load.live.accelerator} device is here: the plan serves on it")
+    assert plan.device.kind == "cpu" and plan.device.total == total
+    weights = plan.load.weight_placement.devices[0].bytes  # type: ignore[union-attr]
+    assert abs(plan.device.held - (max(reserved, allocated) + weights)) < 256 * 2**20  # the RSS moves a little
+    assert "this machine's RAM as transformers reads it" in plan.text()
+    assert plan.config is not None and plan.config.max_memory_percent == 0.6  # transformers' choice on a CPU
