@@ -296,13 +296,21 @@ def _device(load: LoadPlan, args: ServeArgs) -> tuple[paged.Device, str, str]:
         raise UserError(f"serve: the weights do not fit the device: {why}")
     share = placement.devices[0]
     backend = run_plan.backend_of(share.key, load)
-    if backend == "cpu" and args.device_memory is None:
+    if backend == "cpu" and args.device_memory is None and _cpu_only_torch():
         return _this_cpu(share.bytes), share.device, "this machine's RAM as transformers reads it (total, this RSS)"
     held = run_plan.reserve(share.key, load)
     total = share.budget if share.budget is not None else 0
     device = paged.Device(TRANSFORMERS_KIND.get(backend, backend), total, share.bytes + (held.bytes if held else 0),
                           backend in GRAPH_BACKENDS)  # fmt: skip
     return device, share.device, placement.budget_source
+
+
+def _cpu_only_torch() -> bool:
+    """A torch built without CUDA or ROCm: transformers' memory probe then reads psutil only (with one, it would ask
+    the GPU runtime first, which nbhw never starts)."""
+    import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
+
+    return torch.version.cuda is None and getattr(torch.version, "hip", None) is None
 
 
 def _this_cpu(weights: int) -> paged.Device:
