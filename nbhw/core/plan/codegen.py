@@ -122,7 +122,8 @@ def call_arguments(args: PlanArgs, *, config_dtype: str | None, default_device: 
     return out
 
 
-def _call(target: str, func: str, positional: str, kwargs: list[tuple[str, str]]) -> str:
+def assignment(target: str, func: str, positional: str, kwargs: list[tuple[str, str]]) -> str:
+    """``target = func(positional, key=value, ...)``, on one line when it fits, else one argument per line."""
     parts = [positional, *(f"{k}={v}" for k, v in kwargs)]
     one_line = f"{target} = {func}({', '.join(parts)})"
     if len(one_line) <= WIDTH:
@@ -144,7 +145,7 @@ def cell(model: str, auto_class: str, arguments: Arguments) -> str:
         "",
         f"model_id = {py_str(model)}",
         f"{var} = {preprocessor}.from_pretrained(model_id)",
-        _call("model", f"{auto_class}.from_pretrained", "model_id", arguments.kwargs),
+        assignment("model", f"{auto_class}.from_pretrained", "model_id", arguments.kwargs),
     ]
     generate = "".join(f", {k}={v}" for k, v in arguments.generate)
     if auto_class in GENERATE:

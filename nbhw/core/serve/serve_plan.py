@@ -116,12 +116,13 @@ class ServePlan(render.Shown):
         load = self.load
         # device_memory says what the device has: it bounds nothing from_pretrained places (no max_memory)
         kwargs = [(k, v) for k, v in load.arguments.kwargs if k != "max_memory"]
-        call = codegen._call("model", f"{load.auto_class}.from_pretrained", "model_id", kwargs)
+        call = codegen.assignment("model", f"{load.auto_class}.from_pretrained", "model_id", kwargs)
         names = sorted({load.auto_class, "AutoTokenizer", "ContinuousBatchingConfig", "GenerationConfig",
                         *load.arguments.names})  # fmt: skip
         answer = self.args.answer or max(self.load.context // 2, 1)
         cb = ", ".join(f"{k}={v}" for k, v in self.cb_keywords)
         lines = [
+            *(["import torch"] if load.arguments.needs_torch else []),
             f"from transformers import {', '.join(names)}", *load.arguments.imports, "",
             f"model_id = {py_str(self.model)}", "tokenizer = AutoTokenizer.from_pretrained(model_id)", call, "",
             f"cb_config = ContinuousBatchingConfig({cb})",

@@ -221,3 +221,17 @@ def test_on_this_cpu_the_memory_is_what_transformers_reads_here(folders: dict[st
     assert abs(plan.device.held - (max(reserved, allocated) + weights)) < 256 * 2**20  # the RSS moves a little
     assert "this machine's RAM as transformers reads it" in plan.text()
     assert plan.config is not None and plan.config.max_memory_percent == 0.6  # transformers' choice on a CPU
+
+
+def test_the_emitted_cell_runs_and_serves_nbhws_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cell as nbhw writes it (torch imported for the dtype, the config's literals), run on nbhw's tiny model with
+    a tokenizer: every request it sends gets its answer, from the cache nbhw planned."""
+    words = {k: v for k, v in SMALL.items() if k not in ("prompt", "answer")}
+    plan = nbhw.plan(None, task="serve", dtype="float16", **{**words, "context": 32})
+    assert isinstance(plan, ServePlan) and plan.full is not None and plan.paged is not None
+    assert plan.code.startswith("import torch\n") and "dtype=torch.float16" in plan.code
+    watched = Watched(monkeypatch, plan)  # the cell's manager reads the device nbhw planned
+    scope: dict[str, Any] = {}
+    exec(compile(plan.code, "<plan.code>", "exec"), scope)
+    assert len(scope["results"]) == plan.full.held and all(r is not None for r in scope["results"])
+    assert watched.caches[-1].num_sectors == plan.paged.sectors
