@@ -4,6 +4,7 @@ NVIDIA device, and the words (one-line mistakes, the CLI, the magic)."""
 
 from __future__ import annotations
 
+import inspect
 import json
 from typing import Any
 
@@ -146,6 +147,12 @@ def test_the_plan_says_what_each_figure_is_and_writes_the_cell_and_command(folde
         assert words in text, words
     assert "ContinuousBatchingConfig(max_memory_percent=1.0, page_size=16, max_batch_tokens=128)" in plan.code
     assert "max_memory" not in plan.code.split("ContinuousBatchingConfig")[0]  # device_memory bounds nothing
+    from transformers.cli.serve import Serve
+
+    takes = set(inspect.signature(Serve.__init__).parameters)  # every flag is one the installed CLI takes
+    flags = [w[2:].replace("-", "_") for w in plan.command.split() if w.startswith("--")]
+    assert flags and set(flags) <= takes, set(flags) - takes
+    assert "--cb-block-size 16" in plan.command and "--cb-max-memory-percent 1.0" in plan.command
     data = plan.to_dict()
     assert data["cache"]["sectors"] == plan.paged.sectors and data["requests"]["held"] == plan.full.held  # type: ignore[union-attr]
     json.dumps(data)
