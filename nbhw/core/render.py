@@ -70,6 +70,12 @@ def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]], indent: st
     return "\n".join(lines)
 
 
+def field_lines(rows: Sequence[tuple[str, str]], indent: str = "  ") -> list[str]:
+    """``name  value`` lines, the names padded to the longest (a plan's estimate, a serving plan, a loaded model)."""
+    width = max((len(name) for name, _ in rows), default=0)
+    return [f"{indent}{name.ljust(width)}  {value}" for name, value in rows]
+
+
 def esc(value: object) -> str:
     """HTML-escape any value."""
     return html.escape(str(value), quote=True)

@@ -99,8 +99,7 @@ class Loaded(render.Shown):
         out = [f"nbhw loaded: {len(self.entries)} model{'s' if len(self.entries) > 1 else ''}", ""]
         for e in self.entries:
             facts = [*rows(e.loaded), ("loaded by", self._origin_words(e))]
-            width = max(len(k) for k, _ in facts)
-            out += [e.loaded.variable, *(f"  {k.ljust(width)}  {v}" for k, v in facts)]
+            out += [e.loaded.variable, *render.field_lines(facts)]
             if e.planned:
                 out += ["  plan beside it:", *(f"    - {line}" for line in e.lines())]
             out.append("")

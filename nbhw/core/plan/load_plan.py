@@ -845,9 +845,7 @@ def plan_text(plan: LoadPlan, *, code: bool = True) -> str:
     lines += [_problems_title(problems, plan.target), *(f"  - {p}" for p in problems), ""]
     estimate = plan.estimate if plan.config.available else None
     if estimate is not None:
-        rows = run_view.estimate_rows(plan, estimate)
-        width = max(len(k) for k, _ in rows)
-        lines += [run_view.run_title(plan), *(f"  {k.ljust(width)}  {v}" for k, v in rows), ""]
+        lines += [run_view.run_title(plan), *render.field_lines(run_view.estimate_rows(plan, estimate)), ""]
     placement = plan.placement if plan.config.available else None
     if placement is not None:
         lines += [f"Placement: {placement.verdict}", f"  {_placement_title(plan, placement)}"]

@@ -241,9 +241,7 @@ class ServePlan(render.Shown):
                 f"{self.full.length:,} tokens at once")  # fmt: skip
 
     def text(self) -> str:
-        rows = self.rows()
-        width = max(len(k) for k, _ in rows)
-        lines = [self.headline(), "", *(f"  {k.ljust(width)}  {v}" for k, v in rows), "", "Code"]
+        lines = [self.headline(), "", *render.field_lines(self.rows()), "", "Code"]
         lines += ["    " + line if line else "" for line in self.code.splitlines()]
         lines += ["", "Command", "    " + self.command]
         return "\n".join(lines) + "\n"
