@@ -14,7 +14,6 @@ from nbhw.core.plan.arguments import (
     check_context,
     check_device_memory,
     check_reserve,
-    size_bytes,
     tokens,
     word,
 )
@@ -120,10 +119,6 @@ class ServeArgs:
         metavar="TOKENS", parse=_tokens("max_batch_tokens"), check=check_optional_tokens("max_batch_tokens"),
         word=word, help="tokens one forward takes at most (default: transformers' 8,192)",
     )  # fmt: skip
-
-    @property
-    def device_memory_bytes(self) -> int | None:
-        return None if self.device_memory is None else size_bytes(self.device_memory, "device_memory")
 
 
 SERVE_ARGUMENTS = arguments(ServeArgs)

@@ -185,7 +185,6 @@ class Together:
 
     requests: int
     most_active: int  # the most it ran at the same time
-    waited: bool  # whether one still waited once the batch token budget had let every prompt in (see below)
     starved: bool  # whether a running request could not get the cache for its next token (it is then offloaded)
 
 
@@ -201,15 +200,11 @@ def run_together(found: Paged, requests: int, prompt: int, answer: int) -> Toget
     for i in range(requests):  # distinct prompts: no block is shared between them
         tokens = [i * prompt + j + 1 for j in range(prompt)]
         scheduler.add_waiting_request(RequestState(f"nbhw-{i}", tokens, max_new_tokens=answer, eos_token_id=-1))
-    most, waited, starved = 0, False, False
+    most, starved = 0, False
     try:
         while scheduler.has_pending_requests():
             batch = scheduler.schedule_batch(found.max_batch_tokens, cache.max_tokens_read)[0]
             most = max(most, len(scheduler.active_requests))
-            # waiting while every running request decodes: held back by the cache or the safety margin, not by the
-            # batch token budget (which admits prompts a few per step)
-            decoding = all(s.status == RequestStatus.DECODING for s in scheduler.active_requests.values())
-            waited = waited or bool(scheduler.active_requests and scheduler.waiting_requests and decoding)
             starved = starved or batch is None or bool(scheduler.starved_requests)
             if not batch:
                 break  # the cache is full: the batch processor would offload a request here
@@ -225,7 +220,7 @@ def run_together(found: Paged, requests: int, prompt: int, answer: int) -> Toget
     finally:
         cache.free_all_requests(clear_ledgers=True)
         cache.pool.reset()
-    return Together(requests, most, waited, starved)
+    return Together(requests, most, starved)
 
 
 def most_together(found: Paged, prompt: int, answer: int, capacity: int) -> Together:

@@ -19,6 +19,7 @@ from nbhw.core.argument import signature
 from nbhw.core.errors import UserError
 from nbhw.core.plan import codegen, run_plan, run_search
 from nbhw.core.plan.load_plan import LoadPlan, plan
+from nbhw.core.plan.placement import live_memory
 from nbhw.core.render import py_literal, py_str
 from nbhw.core.serve import paged
 from nbhw.core.serve.arguments import SERVE_ARGUMENTS, ServeArgs, serve_args
@@ -281,7 +282,7 @@ def _load_plan(model: str | Path | None, args: ServeArgs, offline: bool) -> Load
     CPU (``device_memory``: that device's memory, instead of what is free there now)."""
     values: dict[str, Any] = {"dtype": args.dtype, "context": args.context, "reserve": args.reserve,
                               "attn_implementation": args.attn_implementation, "target": args.target}  # fmt: skip
-    on_cpu = args.target is None and plan(model, offline=offline, **values).live.accelerator is None
+    on_cpu = args.target is None and live_memory().accelerator is None  # what a plan here reads as its device
     device: int | str = "cpu" if on_cpu else 0
     if args.device_memory is not None:
         values["max_memory"] = {device: args.device_memory}
