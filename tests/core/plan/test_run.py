@@ -164,6 +164,9 @@ def sample():
 t = threading.Thread(target=sample); t.start()
 model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), device_map="cpu")
 stop = True; t.join()
+# The loaded model is still alive: one last reading, so a sampler starved of CPU cannot miss the load's end.
+for k, v in status().items():
+    peak[k] = max(peak[k], v)
 print(json.dumps({"base": base, "peak": peak}))
 """
 
