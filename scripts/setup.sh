@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh machine: a .venv with the CPU build of torch and nbhw installed in editable mode.
 #   scripts/setup.sh lab    nbhw + JupyterLab and Notebook 7 (for the quickstart)
-#   scripts/setup.sh test   nbhw + everything the tests need, and Debian's chromium for the browser tests
+#   scripts/setup.sh docs   nbhw + Sphinx, myst-nb and furo (for scripts/docs.sh, the documentation site)
+#   scripts/setup.sh test   nbhw + everything the tests need (the docs included), and Debian's chromium for the browser tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what="${1:-test}"
@@ -14,8 +15,9 @@ python="${PYTHON:-python3}"
 pins=(-c scripts/constraints.txt)
 case "$what" in
   lab) .venv/bin/python -m pip install -q --disable-pip-version-check "${pins[@]}" -e ".[lab]" ;;
+  docs) .venv/bin/python -m pip install -q --disable-pip-version-check "${pins[@]}" -e ".[docs]" ;;
   test) .venv/bin/python -m pip install -q --disable-pip-version-check "${pins[@]}" -e ".[test]" ;;
-  *) echo "usage: scripts/setup.sh [lab|test]" >&2; exit 2 ;;
+  *) echo "usage: scripts/setup.sh [lab|docs|test]" >&2; exit 2 ;;
 esac
 
 # Real wheels the pre-flight tests (tests/core/hardware/test_doctor.py) put on sys.path one test at a time, and the quantization
