@@ -1,4 +1,5 @@
-"""README's run table: published models (config-only folders, tests/support/published.py) at 4k / 32k / 128k tokens.
+"""The run table of docs/reference/examples.md: published models (config-only folders, tests/support/published.py)
+at 4k / 32k / 128k tokens.
 
     .venv/bin/python -m benchmarks.run_table
 

@@ -1,10 +1,9 @@
-"""README's table: what nbhw advises for a Llama-3-8B-sized model on a handful of catalog targets.
+"""The table of docs/reference/targets.md: what nbhw advises for a Llama-3-8B-sized model on a handful of targets.
 
-Run from the repository root with bitsandbytes importable, as README's table was printed:
+Run from the repository root with bitsandbytes importable, as the page's table was printed:
 ``PYTHONPATH=.venv/nbhw-test-dists/bitsandbytes-0.50.2 .venv/bin/python scripts/target_table.py``
-(tests/core/plan/test_target_plans.py checks that README holds exactly what it prints). Meta-device builds and dry
-runs only:
-nothing is downloaded and no device is needed.
+(tests/core/plan/test_target_plans.py checks that the page holds exactly what it prints). Meta-device builds and dry
+runs only: nothing is downloaded and no device is needed.
 """
 
 from __future__ import annotations

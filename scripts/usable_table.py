@@ -1,8 +1,8 @@
-"""README's usable-memory table: each catalog entry's usable memory, the box's number, ECC, and its source.
+"""The usable-memory table of docs/reference/targets.md: each catalog entry's usable memory, the box's number, ECC,
+and its source.
 
 Run from the repository root: ``.venv/bin/python scripts/usable_table.py`` (tests/core/hardware/test_usable_memory.py
-checks that
-README holds exactly what it prints). It reads the catalog only: no torch, no device.
+checks that the page holds exactly what it prints). It reads the catalog only: no torch, no device.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The repository keeps its promises: README's commands are the ones CI runs, the code is lint- and type-clean."""
+"""The repository keeps its promises: the commands README and the docs give are the ones CI runs, the code is lint-
+and type-clean."""
 
 from __future__ import annotations
 
@@ -18,11 +19,16 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
-def readme_command(comment: str) -> str:
-    text = (ROOT / "README.md").read_text()
+def command_in(page: str, comment: str) -> str:
+    """The command on the line of ``page`` (a path from the repository root) that ends with ``# comment``."""
+    text = (ROOT / page).read_text()
     m = re.search(rf"^(.+?)\s+# {re.escape(comment)}$", text, re.M)
-    assert m, comment
+    assert m, (page, comment)
     return m.group(1).strip()
+
+
+def readme_command(comment: str) -> str:
+    return command_in("README.md", comment)
 
 
 def test_ci_runs_the_test_command_written_in_readme() -> None:
@@ -35,8 +41,15 @@ def test_readme_quickstart_command_exists() -> None:
     assert "notebooks/quickstart.ipynb" in (ROOT / "scripts/quickstart.sh").read_text()
 
 
-def test_readme_benchmark_command_runs_from_the_repository_root() -> None:
-    command = readme_command("the benchmarks")
+def test_readme_links_only_to_files_that_exist() -> None:
+    # Relative links (the docs' pages, the guide's notebooks, the picture), so that they work on GitHub too.
+    links = re.findall(r"\]\(([^)#]+)\)", (ROOT / "README.md").read_text())
+    assert links and all("://" not in link for link in links), links
+    assert not [link for link in links if not (ROOT / link).is_file()]
+
+
+def test_contributing_benchmark_command_runs_from_the_repository_root() -> None:
+    command = command_in("docs/contributing.md", "the benchmarks")
     assert command.startswith(".venv/bin/python -m benchmarks.bench")
     argv = [sys.executable, "-m", "benchmarks.bench", *command.split()[3:], "--help"]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
@@ -71,8 +84,8 @@ def _is_attribute(name: str) -> bool:
     return _importable(module) and hasattr(importlib.import_module(module), attribute)
 
 
-def test_readme_layout_names_every_module_once() -> None:
-    text = (ROOT / "README.md").read_text()
+def test_contributing_layout_names_every_module_once() -> None:
+    text = (ROOT / "docs/contributing.md").read_text()
     block = text.split("## Layout", 1)[1].split("```", 2)[1].split("jupyter-config/")[0]  # the nbhw/ part
     named = re.findall(r"^\s+([a-z_][a-z_0-9]*\.py)\b", block, re.M)
     modules = [p for p in (ROOT / "nbhw").rglob("*.py") if p.name != "__init__.py" or p.parent == ROOT / "nbhw"]

@@ -103,13 +103,15 @@ def test_extension_point_names_the_app_without_making_import_nbhw_load_the_serve
     assert json.loads(out.stdout) == []
 
 
-def test_readme_documents_every_setting_route_and_metric_the_code_has() -> None:
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    section = text.split("## Jupyter server extension")[1].split("\n## ")[0]
-    settings = set(re.findall(r"^c\.NbhwApp\.(\w+) = ", section, re.M))
+def test_the_reference_documents_every_setting_route_and_metric_the_code_has() -> None:
+    reference = Path(__file__).resolve().parents[2] / "docs" / "reference"
+    server = (reference / "server.md").read_text(encoding="utf-8")
+    settings = set(re.findall(r"^c\.NbhwApp\.(\w+) = ", server, re.M))
     assert settings == set(NbhwApp.class_own_traits(config=True))
-    assert set(re.findall(r"\$(NBHW_SERVER_\w+)", section)) == set(ENV)
-    assert {f"/{pattern.lstrip('/')}" for pattern, _ in routes()} <= set(re.findall(r"`GET (/nbhw/[\w/]+)", section))
-    documented = set(re.findall(r"^# TYPE (nbhw_\w+) gauge$", section, re.M))
+    assert set(re.findall(r"\$(NBHW_SERVER_\w+)", server)) == set(ENV)
+    assert {f"/{pattern.lstrip('/')}" for pattern, _ in routes()} <= set(re.findall(r"`GET (/nbhw/[\w/]+)", server))
+    metrics_page = (reference / "metrics.md").read_text(encoding="utf-8")
+    documented = set(re.findall(r"^# TYPE (nbhw_\w+) gauge$", metrics_page, re.M))
+    assert documented == set(re.findall(r"^\| `(nbhw_\w+)` \|", metrics_page, re.M))  # the table names each one
     names = {name for name, _ in [*metrics.HOST.values(), *metrics.GPU.values(), metrics.PROCESS, metrics.KERNEL]}
     assert documented == names

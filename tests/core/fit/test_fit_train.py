@@ -194,7 +194,7 @@ print(r.text())
 
 
 @pytest.mark.slow
-def test_an_8b_qlora_on_a_t4_is_the_answer_and_readme_shows_it(tmp_path: Path) -> None:
+def test_an_8b_qlora_on_a_t4_is_the_answer_and_the_examples_page_shows_it(tmp_path: Path) -> None:
     if not BITSANDBYTES.is_dir():
         pytest.skip(f"bitsandbytes is not beside the venv ({BITSANDBYTES}; scripts/setup.sh test)")
     path = os.pathsep.join([str(ROOT), str(BITSANDBYTES)])
@@ -210,5 +210,5 @@ def test_an_8b_qlora_on_a_t4_is_the_answer_and_readme_shows_it(tmp_path: Path) -
     # every full and LoRA option lost on the T4's memory, by its own plan's verdict
     rejected = [line for line in out.splitlines() if line.startswith("  - full") or line.startswith("  - lora")]
     assert len(rejected) == 12 and all(": does not fit: " in line for line in rejected)
-    readme = (ROOT / "README.md").read_text()
-    assert headline in readme and all(line in readme for line in rejected)
+    page = (ROOT / "docs" / "reference" / "examples.md").read_text()
+    assert headline in page and all(line in page for line in rejected)

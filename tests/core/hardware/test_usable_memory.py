@@ -1,7 +1,7 @@
 """A target's budget is what a program on the card can use (issue 30): on a T4 torch reports 14.75 GiB, not the box's
 16, so an 8B model in bfloat16 no longer "fits on one T4", the answer nbhw.fit gives fits that figure with the run
-planner's reserve, and the training fit picks a QLoRA plan a real T4 holds. README's usable-memory table is what
-scripts/usable_table.py prints."""
+planner's reserve, and the training fit picks a QLoRA plan a real T4 holds. The usable-memory
+table of docs/reference/targets.md is what scripts/usable_table.py prints."""
 
 from __future__ import annotations
 
@@ -95,8 +95,8 @@ def _script() -> Any:
     return module
 
 
-def test_readme_holds_every_entrys_usable_memory_as_the_script_prints_it() -> None:
+def test_the_targets_page_holds_every_entrys_usable_memory_as_the_script_prints_it() -> None:
     table = _script().table()
     assert table.count("\n") == 2 + len(nbhw.targets().rows)
     assert "| T4 | 14.75 GiB (ECC off: 15.75) | 16 GiB | on: 1/16 kept for ECC bits | measured: " in table
-    assert table in (ROOT / "README.md").read_text(), table
+    assert table in (ROOT / "docs" / "reference" / "targets.md").read_text(), table

@@ -1,6 +1,7 @@
 """For every catalog entry, the plan and the attention advice for a Llama-3-8B-sized model follow the entry's
 compute capability, dtypes and memory, and the run (4,096 tokens) is counted against that memory with the run
-planner's reserve for the entry's backend; README's table is what scripts/target_table.py prints."""
+planner's reserve for the entry's backend; the table of docs/reference/targets.md is what scripts/target_table.py
+prints."""
 
 from __future__ import annotations
 
@@ -207,8 +208,8 @@ def test_auto_on_several_tpu_chips_budgets_the_current_one_and_says_so(llama: st
 
 
 @pytest.mark.slow
-def test_readme_table_is_what_the_script_prints() -> None:
-    # README's table is for a machine with bitsandbytes installed (its 4-bit column): the wheel beside the venv.
+def test_the_targets_page_table_is_what_the_script_prints() -> None:
+    # The table is for a machine with bitsandbytes installed (its 4-bit column): the wheel beside the venv.
     # It is the pinned libraries' output (scripts/constraints.txt); the compatibility run's other sets differ.
     pins = dict(
         line.split("==", 1) for line in (ROOT / "scripts" / "constraints.txt").read_text().splitlines() if "==" in line
@@ -216,7 +217,7 @@ def test_readme_table_is_what_the_script_prints() -> None:
     for name in ("transformers", "kernels"):
         here = importlib.metadata.version(name)
         if pins.get(name) != here:
-            pytest.skip(f"README's table is for {name} {pins.get(name)} (the pins); {here} here")
+            pytest.skip(f"The targets page's table is for {name} {pins.get(name)} (the pins); {here} here")
     path = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
     if importlib.util.find_spec("bitsandbytes") is None:
         if not BITSANDBYTES.is_dir():
@@ -228,4 +229,4 @@ def test_readme_table_is_what_the_script_prints() -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("\n") == 2 + len(_script().TARGETS)
-    assert proc.stdout in (ROOT / "README.md").read_text(), proc.stdout
+    assert proc.stdout in (ROOT / "docs" / "reference" / "targets.md").read_text(), proc.stdout

@@ -108,14 +108,14 @@ def test_cli_plan_exits_2_on_a_mistake_in_a_real_process() -> None:
     assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1 and "70GiB" in proc.stderr
 
 
-def test_readme_example_is_what_nbhw_prints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_printed_load_example_is_what_nbhw_prints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import re
 
     from benchmarks.bench_plan import CONFIG
 
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    m = re.search(r"^\$ python -m nbhw load (\./llama-3-70b .*?)\n(.*?)\n```", readme, re.M | re.S)
-    assert m, "README's plan example"
+    page = (Path(__file__).resolve().parents[3] / "docs" / "reference" / "examples.md").read_text()
+    m = re.search(r"^\$ python -m nbhw load (\./llama-3-70b .*?)\n(.*?)\n```", page, re.M | re.S)
+    assert m, "the reference's load plan example"
     (tmp_path / "llama-3-70b").mkdir()
     (tmp_path / "llama-3-70b" / "config.json").write_text(json.dumps(CONFIG))
     monkeypatch.chdir(tmp_path)
