@@ -574,7 +574,7 @@ def main() -> int:
     def run_train() -> list[Line]:
         from benchmarks import bench_train as bt
 
-        runs = bt.compare("lora", 1)  # one round: the first plan alone takes minutes here (see README)
+        runs = bt.compare("lora", 1)  # one round: the first plan takes minutes (docs/reference/performance.md)
         print("\n".join(bt.report("lora", runs)))
         warm, first = statistics.median(r["warm"] for r in runs), statistics.median(r["first"] for r in runs)
         inference = statistics.median(r["inference_first"] for r in runs)
