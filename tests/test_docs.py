@@ -77,6 +77,21 @@ def test_readme_is_short() -> None:
     assert len(lines) <= 150, f"README.md has {len(lines)} lines: the rest belongs in the documentation site (docs/)"
 
 
+def test_the_browser_tests_retake_the_documentation_s_pictures() -> None:
+    # Each picture named in tests/browser/harness.py's DOCS_IMAGES is one a browser test really takes, of a file
+    # docs/images has: a renamed test would leave its picture to go stale.
+    from tests.browser.harness import DOCS_IMAGES
+
+    tests = {
+        name
+        for path in (ROOT / "tests" / "browser").glob("test_*.py")
+        for name in re.findall(r"^def (test_\w+)\(", path.read_text(), re.M)
+    }
+    for shot, image in DOCS_IMAGES.items():
+        assert re.sub(r"-(lab|notebook7)-[\w-]+$", "", shot) in tests, shot
+        assert (DOCS / "images" / image).is_file(), image
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(BUILD_TIMEOUT + 120)
 def test_every_public_name_is_in_the_reference(site: Path) -> None:

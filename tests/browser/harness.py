@@ -49,6 +49,18 @@ CHROMIUM_ARGS = (
     "--no-first-run",
 )
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+# The pictures README and the documentation site show (docs/images/), taken again by the tests at every run, each
+# after the checks before it passed: the test's picture -> the file in docs/images.
+DOCS_IMAGES = {
+    "test_hw_devices_renders_the_table_of_every_backend-lab-page": "hw-devices-jupyterlab.png",
+    "test_hw_devices_renders_the_table_of_every_backend-notebook7-page": "hw-devices-notebook7.png",
+    "test_memory_graph_moves_while_a_cell_sleeps_and_attributes_a_big_cell-lab-graph": "hw-memory-jupyterlab.png",
+    "test_the_memory_tab_shows_the_holders_and_frees_the_ticked_variable-lab-freed": "panel-holders-jupyterlab.png",
+    "test_insert_cell_below_puts_the_previewed_code_below_its_panel_20_of_20_and_while_a_cell_runs"
+    "-notebook7-inserted": "panel-insert-notebook7.png",
+    "test_load_tab_controls_change_the_preview-lab-target": "panel-load-jupyterlab.png",
+    "test_hw_shows_one_panel_with_all_four_tabs-lab-memory": "panel-memory-jupyterlab.png",
+}
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
 # Quiet test servers: no news or update toasts, and every cell kept in the DOM (no windowing).
 SETTINGS = {
@@ -567,7 +579,14 @@ class NotebookPage:
     # --- pictures and teardown -----------------------------------------------------------------------------
 
     def screenshot(self, name: str, cell: int | None = None) -> Path:
-        """Save the page, or just cell i's outputs (whole, however tall), as <shots>/<name>.png; its path."""
+        """Save the page, or just cell i's outputs (whole, however tall), as <shots>/<name>.png; its path. A picture
+        the documentation shows (DOCS_IMAGES) is copied to docs/images too."""
+        path = self._screenshot(name, cell)
+        if name in DOCS_IMAGES:
+            shutil.copyfile(path, ROOT / "docs" / "images" / DOCS_IMAGES[name])
+        return path
+
+    def _screenshot(self, name: str, cell: int | None) -> Path:
         self.shots.mkdir(parents=True, exist_ok=True)
         path = self.shots / f"{name}.png"
         if cell is None:

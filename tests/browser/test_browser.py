@@ -47,6 +47,7 @@ def test_hw_devices_renders_the_table_of_every_backend(notebook: NotebookPage) -
         assert heading in text
     assert nb.cells()[1].count == 2 and nb.kernel_state() == "idle"
     nb.screenshot(f"{nb.name}-output", cell=1)
+    nb.screenshot(f"{nb.name}-page")  # the notebook as a user sees it (README's picture)
 
 
 def test_hw_report_renders(notebook: NotebookPage) -> None:
