@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from nbhw.core.errors import UserError
+from nbhw.core.measured.loaded import stored_parts
 from nbhw.core.measured.run_asked import AskedRun
 from nbhw.core.memory.out_of_memory import FailedAllocation
 from nbhw.core.plan.load_plan import LoadPlan, plan
@@ -83,7 +84,8 @@ def _usable(failed: FailedAllocation) -> int | None:
 
 def _model_bytes(model: object, device: str) -> int:
     seen: dict[int, int] = {}
-    for t in (*model.parameters(), *model.buffers()):  # type: ignore[attr-defined]
+    tensors = (*model.parameters(), *model.buffers())  # type: ignore[attr-defined]
+    for t in (part for tensor in tensors for part in stored_parts(tensor)):
         if str(t.device) == device or (device == "cpu" and t.device.type == "cpu"):
             storage = t.untyped_storage()
             seen[storage.data_ptr()] = storage.nbytes()

@@ -315,10 +315,23 @@ def _state_tensors(state: Any, depth: int = 0) -> list[Any]:
     return found
 
 
+def stored_parts(tensor: Any) -> list[Any]:
+    """The tensors that hold ``tensor``'s memory: itself, or a wrapper subclass's inner tensors (quanto's
+    ``WeightQBytesTensor`` keeps ``_data`` and ``_scale``; the wrapper has no storage of its own to read)."""
+    flatten = getattr(tensor, "__tensor_flatten__", None)
+    if flatten is None:
+        return [tensor]
+    names, _ = flatten()
+    return [part for name in names if _is_tensor(part := getattr(tensor, name, None))]
+
+
 def _all_tensors(model: Any) -> Iterator[tuple[str, Any]]:
     for name, tensor in _tensors(model):
-        yield name, tensor
-        for i, extra in enumerate(side_tensors(tensor)):
+        parts = stored_parts(tensor)
+        for i, part in enumerate(parts):
+            yield name if i == 0 else f"{name}.{i}", part
+        extras = [extra for extra in side_tensors(tensor) if not any(extra is part for part in parts)]
+        for i, extra in enumerate(extras):
             yield f"{name}#{i}", extra
 
 

@@ -117,6 +117,24 @@ def test_the_emitted_cell_with_each_cpu_attention_is_reported_as_it_is(session: 
     assert found.lines()[0].startswith("as planned")
 
 
+def test_a_quanto_model_is_counted_by_its_inner_tensors(session: Any, tmp_path: Path) -> None:
+    # quanto's weights are wrapper tensors with no storage of their own (reading it raised in every later cell's hook).
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
+    run(session, f"import transformers\nmodel = transformers.AutoModelForCausalLM.from_pretrained({str(tmp_path)!r}, "
+                 "quantization_config=transformers.QuantoConfig(weights='int8'), device_map='cpu')")  # fmt: skip
+    model = session.user_ns["model"]
+    wrapped = [p for p in model.parameters() if hasattr(p, "__tensor_flatten__")]
+    assert len(wrapped) == 14  # 7 linear layers a block, the LM head left alone
+    inner = [getattr(p, name) for p in wrapped for name in p.__tensor_flatten__()[0]]
+    plain = [t for t in (*model.parameters(), *model.buffers()) if not hasattr(t, "__tensor_flatten__")]
+    truth = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in inner + plain}.values())
+    found = entry().loaded
+    assert {d.device: d.bytes for d in found.devices} == {"cpu": truth}
+    assert found.dtype_bytes["int8"] == sum(p._data.numel() for p in wrapped) == 73_728
+
+
 def test_a_change_after_loading_is_named_and_nothing_else(session: Any) -> None:
     plan = nbhw.plan(attn_implementation="sdpa")
     run(session, plan.code)
