@@ -111,6 +111,17 @@ def test_clearing_the_traceback(shell: Any, gpu: FakeDevice) -> None:
     assert "cleared the last error's traceback" in result.done[0]
 
 
+def test_clearing_a_traceback_the_holders_walk_read_gives_its_tensors_back(shell: Any) -> None:
+    # No allocator counter: measured by the tensors left. The walk read the frame's f_locals, whose snapshot the
+    # frame keeps after clear() (Python 3.11): "came back 0 B" until free synced it again.
+    run(shell, "def f():\n    x = torch.zeros(2000)\n    raise ValueError('boom')\n")
+    fails(shell, "f()")
+    assert [h.label for h in nbhw.holders().holders] == ["f() › x"]
+    result = shell_free(shell, (), traceback=True)
+    [cpu] = [d for d in result.devices if d.device == "cpu"]
+    assert (cpu.expected, cpu.measured, cpu.how) == (8000, 8000, "tensors")
+
+
 def test_emptying_the_cache_returns_the_reserved_unused_bytes(shell: Any, gpu: FakeDevice) -> None:
     run(shell, "with gpu:\n    t = torch.zeros(1000)\n    keep = torch.zeros(10)")
     freed(shell, gpu, "t")

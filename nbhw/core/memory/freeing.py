@@ -223,6 +223,10 @@ def _clear_traceback(error: BaseException | None, internals: Sequence[Internal])
         tb = item.__traceback__ if isinstance(item, BaseException) else item
         if tb is not None:
             tb_module.clear_frames(tb)  # the frames' locals go even where someone still holds the exception
+    for frame in frames:
+        # Reading f_locals (the holders walk did) left a dict snapshot on the frame that clear() keeps (Python
+        # 3.11-3.12); reading it again now syncs it with the cleared locals, which drops the tensors it still held.
+        frame.f_locals  # noqa: B018
     for name in ("last_type", "last_value", "last_traceback", "last_exc"):
         if hasattr(sys, name):
             delattr(sys, name)
