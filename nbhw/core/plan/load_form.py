@@ -49,6 +49,12 @@ from nbhw.core.plan.placement import DeviceShare, Placement, device_name, layer_
 
 # The declared arguments the Load tab shows a control for, by name.
 CONTROLS: dict[str, Argument] = {a.name: a for a in PLAN_ARGUMENTS if a.control is not None}
+# Words a form carries to its plan without a control: "Make it fit" sets them (a memory share's ``max_memory`` leaves
+# the run each device's whole ``budget``), and a hand-made change to what they follow ends them.
+CARRIED: dict[str, Argument] = {a.name: a for a in PLAN_ARGUMENTS if a.name == "budget"}
+FOLLOWS = {"budget": "max_memory"}
+FORM_WORDS: dict[str, Argument] = {**CONTROLS, **CARRIED}
+SIZES = frozenset(n for n, a in CONTROLS.items() if a.control == "sizes") | set(CARRIED)  # DEV=SIZE pairs
 UNSET_DTYPE = None  # a form without a dtype means "the advised dtype"
 THIS_MACHINE = "this machine"
 TARGET_COUNTS = (1, 2, 4, 8)  # the counts the target dropdown offers per entry; %hw load --target takes any 1..64
@@ -104,26 +110,26 @@ class Form:
     __slots__ = ("_words", "model", "offline")
 
     def __init__(self, model: str, *, offline: bool = False, **words: Any) -> None:
-        unknown = [name for name in words if name not in CONTROLS]
+        unknown = [name for name in words if name not in FORM_WORDS]
         if unknown:
-            raise TypeError(f"the Load tab has no control {unknown[0]!r}; it has {', '.join(CONTROLS)}")
+            raise TypeError(f"the Load tab has no control {unknown[0]!r}; it has {', '.join(FORM_WORDS)}")
         self.model = model
         self.offline = offline
-        words = {n: CONTROLS[n].word(v) if isinstance(v, bool) else v for n, v in words.items()}  # a dropdown's word
+        words = {n: FORM_WORDS[n].word(v) if isinstance(v, bool) else v for n, v in words.items()}  # a dropdown's word
         self._words = tuple((n, v) for n, v in words.items() if v is not None and v != self.default(n))
 
     @staticmethod
     def default(name: str) -> Any:
         """What a control holds when nothing was chosen: the declared default as a word (dtype: advised)."""
-        declared = CONTROLS[name]
+        declared = FORM_WORDS[name]
         if name == "dtype":
             return UNSET_DTYPE
-        if declared.control == "sizes":
+        if name in SIZES:
             return ()
         return declared.word(declared.default)
 
     def __getattr__(self, name: str) -> Any:
-        if name in CONTROLS:
+        if name in FORM_WORDS:
             return dict(self._words).get(name, self.default(name))
         raise AttributeError(name)
 
@@ -133,8 +139,10 @@ class Form:
         return dict(self._words)
 
     def replace(self, **words: Any) -> Form:
-        """The same form with some controls changed (``dtype=...`` settles an unset dtype on the advised one)."""
-        return Form(self.model, offline=self.offline, **{**self.words, **words})
+        """The same form with some controls changed (``dtype=...`` settles an unset dtype on the advised one); a
+        carried word goes when what it follows changes (a max_memory typed by hand ends the fit's budget)."""
+        kept = {n: v for n, v in self.words.items() if n not in CARRIED or FOLLOWS[n] not in words}
+        return Form(self.model, offline=self.offline, **{**kept, **words})
 
     def with_dtype(self, dtype: str) -> Form:
         """The same form with a dtype (used to settle an unset dtype on the advised one)."""
@@ -153,9 +161,10 @@ class Form:
         words = "".join(f", {n}={v!r}" for n, v in self._words)
         return f"Form({self.model!r}{words}, offline={self.offline})"
 
-    def memory_budget(self) -> dict[str, int | str] | None:
-        """The max_memory the form gives, sizes as typed (digits alone are bytes); None when none is set."""
-        pairs: tuple[tuple[str, str], ...] = self.max_memory
+    def memory_budget(self, name: str = "max_memory") -> dict[str, int | str] | None:
+        """The max_memory (or budget) the form gives, sizes as typed (digits alone are bytes); None when none is
+        set."""
+        pairs: tuple[tuple[str, str], ...] = getattr(self, name)
         sizes = {key.strip(): size.strip() for key, size in pairs if size.strip()}
         budget: dict[str, int | str] = {k: int(v) if v.isdigit() else v for k, v in sizes.items()}
         return budget or None
@@ -163,10 +172,10 @@ class Form:
     def plan_values(self) -> dict[str, Any]:
         """The keyword arguments of nbhw.plan() this form gives (words are parsed by their declarations)."""
         values: dict[str, Any] = {}
-        for name, declared in CONTROLS.items():
+        for name in FORM_WORDS:
             word = getattr(self, name)
-            if declared.control == "sizes":
-                values[name] = self.memory_budget()
+            if name in SIZES:
+                values[name] = self.memory_budget(name)
             elif name == "dtype":
                 values[name] = word or "auto"
             elif word is not None:
@@ -279,8 +288,8 @@ def form_words(values: Mapping[str, Any]) -> dict[str, Any]:
     """Plan keyword values (as nbhw.plan() or nbhw.panel() take them) as the words the controls hold."""
     words: dict[str, Any] = {}
     for name, value in values.items():
-        declared = CONTROLS[name]
-        if declared.control == "sizes":
+        declared = FORM_WORDS[name]
+        if name in SIZES:
             words[name] = memory_pairs(value)
         elif name == "dtype":
             words[name] = None if value is None else str(value).removeprefix("torch.")

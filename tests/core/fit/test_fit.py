@@ -19,9 +19,11 @@ from nbhw.core.advice.quantization_methods import Loads, build_config, loads, me
 from nbhw.core.advice.quantization_sizes import SizingQuantizer
 from nbhw.core.errors import UserError
 from nbhw.core.fit import solver
+from nbhw.core.fit.fit_form import filled, fit_form
 from nbhw.core.fit.options import WHERE_OF_KIND, options, quantization_order
 from nbhw.core.hf.meta_build import quiet
-from nbhw.core.plan.load_plan import LoadPlan
+from nbhw.core.plan.load_form import Form
+from nbhw.core.plan.load_plan import LoadPlan, plan
 from tests.support import families, published
 from tests.support.models import config_only
 
@@ -364,3 +366,32 @@ def test_a_memory_share_leaves_the_rest_of_the_device_to_the_run(tmp_path: Any) 
     assert next(s for s in plan.placement.devices if s.key == 0).budget == device
     cut = plan.args.max_memory
     assert cut is not None and f"max_memory={{0: {cut[0]!r}" in (result.code or "")
+
+
+def test_make_it_fit_keeps_the_forms_target(folders: dict[str, str]) -> None:
+    form, result = fit_form(Form(folders["llama"], context="600", target="T4"))
+    assert result.plan is not None and result.plan.target is not None and result.plan.target.text == "T4"
+    assert form.target == "T4"  # the tab plans what the button found: on the T4, not on this machine
+    assert plan(folders["llama"], **form.plan_values()).code == result.code
+
+
+def test_a_memory_share_fills_the_form_with_its_budget(tmp_path: Any) -> None:
+    """The Load tab's form after "Make it fit" gives the plan the fit chose, budget included: the tab's verdict is
+    the fit's, not the run checked against the share. A max_memory typed afterwards ends the budget."""
+    config = tf.LlamaConfig(**{**families.COMMON, "num_hidden_layers": 8, "hidden_size": 256,
+                               "intermediate_size": 1024, "num_attention_heads": 4, "num_key_value_heads": 2},
+                            head_dim=64)  # fmt: skip
+    folder = config_only(config, tmp_path / "llama", "LlamaForCausalLM", "float32")
+    device = int(0.95 * need(folder, 512))
+    pinned: dict[str, Any] = {"context": 512, "reserve": 0, "attn_implementation": "sdpa", "use_kernels": False,
+                              "device_map": "auto", "quantization": None, "cache_implementation": None,
+                              "dtype": "auto"}  # fmt: skip
+    result = nbhw.fit(folder, max_memory={0: device, "cpu": 10 * device}, **pinned)
+    assert result.option is not None and result.option.share < 1.0 and result.plan is not None
+    form = filled(Form(folder, context="512"), result)
+    assert form.budget == (("0", str(device)),)
+    again = plan(folder, **form.plan_values(), reserve=0)
+    assert again.code == result.code and again.args.budget == {0: device}
+    assert again.placement is not None and result.plan.placement is not None
+    assert again.placement.run_kind == result.plan.placement.run_kind in ("fits", "tight")
+    assert form.replace(max_memory=(("0", "1GiB"),)).budget == ()
