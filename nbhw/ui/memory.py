@@ -248,11 +248,24 @@ class MemoryView:
         )
         if not force and signature == self._signature and now - self._sent_at < self.refresh:
             return False
+        stopped = bool(self._signature and self._signature[0]) and not self.sampler.running
         self._signature, self._sent_at = signature, now
         self._draw(data)
         self._texts(data)
+        if stopped:
+            self._settle()
         self.frames_sent += 1
         return True
+
+    def _settle(self) -> None:
+        """A stopped graph becomes a new figure that holds its points in its own state. Each tick reaches the
+        browser as an update message, which a saved notebook (and the documentation site) does not keep: without
+        this, the saved graph was empty axes."""
+        figure_class, _ = _classes()
+        old, self.figure = self.figure, figure_class(data=self.figure.data, layout=self.figure.layout)
+        self.figure.add_class(GRAPH_CLASS)
+        self.box.children = (self.style, self.status, self.errors, self.figure, self.table)
+        old.close()
 
     def _rebuild(self, data: Samples) -> None:
         figure_class, _ = _classes()

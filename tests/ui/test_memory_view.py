@@ -247,6 +247,27 @@ def test_stopping_makes_every_view_say_stopped(rec: Recorder) -> None:
         assert 'data-state="stopped"' in view.status.value and ">stopped<" in view.status.value
 
 
+def test_a_stopped_graph_keeps_its_points_in_the_state_a_saved_notebook_keeps(rec: Recorder) -> None:
+    # Ticks travel as plotly update messages, which a saved notebook's widget state (and the docs site) drop.
+    source = Changing()
+    sampler = memory.Sampler(interval=0.05, window=5, sources=[source])
+    view = ui.MemoryView(sampler, memory.CellLog(sampler))
+    sampler.start()
+    deadline = time.monotonic() + 5
+    while sampler.ticks_taken < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    with ui.LOCK:
+        running = view.figure
+    sampler.stop()
+    names = [t.name for t in view.figure.data]
+    allocated = names.index("fake:0 allocated by torch (this process)")
+    saved = view.figure.get_state()["_widget_data"][allocated]["y"]  # numpy arrays travel as binary buffers
+    saved = np.frombuffer(saved["buffer"], dtype=saved["dtype"])
+    drawn = view.figure.data[allocated].y
+    assert np.count_nonzero(~np.isnan(drawn)) >= 3 and np.array_equal(saved, drawn, equal_nan=True)
+    assert running.comm is None and view.box.children[3] is view.figure  # the running figure closed, replaced
+
+
 def test_a_faulting_source_is_shown_once_and_the_rest_of_the_graph_continues(rec: Recorder) -> None:
     fake = Changing()
     sampler = memory.Sampler(interval=0.5, window=30, sources=[Broken(), fake])
