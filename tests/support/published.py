@@ -1,7 +1,7 @@
 """Published models as config-only folders: the hyperparameters of their config.json files, no weights.
 
-Used by the run planner's regression tests, its benchmark (benchmarks/bench_run.py) and the README's table
-(benchmarks/run_table.py). Each entry is the config.json a model's Hub repository publishes (the fields that decide
+Used by the run planner's regression tests, its benchmark (benchmarks/bench_run.py) and the table in
+docs/reference/examples.md (benchmarks/run_table.py). Each entry is the config.json a model's Hub repository publishes (the fields that decide
 sizes; everything else keeps transformers' defaults), in the checkpoint's own dtype.
 """
 

@@ -1,4 +1,5 @@
-"""The options the solver searches, and the one order they are ranked by (stated here once; README says the same).
+"""The options the solver searches, and the one order they are ranked by (stated here once; the guide page
+"How do I make it fit?" says the same).
 
 An option is one way to call ``from_pretrained`` (dtype, quantization, attn_implementation, use_kernels, the
 device_map strategy and a share of each accelerator's budget, ``max_memory``) and ``generate`` (its

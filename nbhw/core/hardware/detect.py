@@ -55,7 +55,7 @@ class Hardware(Shown):
         raise KeyError(key)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready data; the shape is documented in README ("The report's JSON")."""
+        """Plain JSON-ready data; the shape is documented in docs/reference/json.md (the report's JSON Schema)."""
         return {
             "torch": to_plain(self.torch),
             "nvidia": {
