@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -189,14 +190,25 @@ def grouped_mm_as_on_device() -> Iterator[None]:
 @contextlib.contextmanager
 def sharded_step_context() -> Iterator[None]:
     """What FSDP2's step on fake CPU tensors needs to run as it would on the device."""
-    with _unpacked_rows(), grouped_mm_as_on_device():
+    with _unpacked_rows(), grouped_mm_as_on_device(), quiet_tracking():
         yield
 
 
 @contextlib.contextmanager
 def meta_step_context(target: str) -> Iterator[None]:
     """Everything a meta-device step needs to run as it would on the device (see the module docstring)."""
-    with _unpacked_rows(), _autocast_on_meta(), dryrun.attention_as_on(target):
+    with _unpacked_rows(), _autocast_on_meta(), dryrun.attention_as_on(target), quiet_tracking():
+        yield
+
+
+@contextlib.contextmanager
+def quiet_tracking() -> Iterator[None]:
+    """Without the warnings the dry step itself causes, which say nothing about the user's run: MemTracker's module
+    tracker on a module entered without a forward of its own ("hierarchy tracking maybe messed up"), and peft's
+    reading of transformers' deprecated ``is_gradient_checkpointing`` (transformers 5.25)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The module hierarchy tracking", category=UserWarning)
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
         yield
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from nbhw.core.errors import UserError
 from nbhw.core.train.arguments import TrainArgs
-from nbhw.core.train.meta_patches import PATCH_LOCK, snapshot, tracker_class
+from nbhw.core.train.meta_patches import PATCH_LOCK, quiet_tracking, snapshot, tracker_class
 from nbhw.core.train.training_build import linear_layer_names, prepare_for_training, torch_dtype
 
 
@@ -186,13 +186,9 @@ def measured_preparation(model: Any, prepare: Any) -> Any:
     """Run ``prepare()`` (accelerate's FSDP2 sharding, as Trainer.train() runs it before step 1) under the tracker:
     accelerate keeps the whole model (``original_sd``) while ``fully_shard`` makes each unit's shard, so the peak
     is the whole model plus its shards. Kept on ``model`` for the step's figures."""
-    import warnings
-
     tracker = tracker_class()()
     tracker.track_external(model)
-    with tracker, warnings.catch_warnings():
-        # MemTracker's module tracker expects a forward; preparing runs none (its "hierarchy ... messed up" warning).
-        warnings.filterwarnings("ignore", message="The module hierarchy tracking", category=UserWarning)
+    with tracker, quiet_tracking():  # MemTracker's module tracker expects a forward; preparing runs none
         whole = snapshot(tracker, "current", "cpu").get("Total", 0)
         prepared = prepare()
         peak = snapshot(tracker, "peak", "cpu").get("Total", 0)

@@ -33,7 +33,13 @@ from typing import Any
 from nbhw.core.cache import Recent
 from nbhw.core.hf.depth import decoder_layers, layer_signature
 from nbhw.core.train.arguments import TrainArgs
-from nbhw.core.train.meta_patches import meta_step_context, sharded_step_context, snapshot, tracker_class
+from nbhw.core.train.meta_patches import (
+    meta_step_context,
+    quiet_tracking,
+    sharded_step_context,
+    snapshot,
+    tracker_class,
+)
 from nbhw.core.train.sharded import Preparation, fake_world, fsdp2_model, global_shapes_uncounted, tp_model
 from nbhw.core.train.step_depth import Timeline, synthesize_peak, uniform_depth, with_depth
 from nbhw.core.train.training_build import (
@@ -214,12 +220,13 @@ class Setup:
         return sharded_step_context() if self.strategy == "fsdp2" else meta_step_context(attention_target(args))
 
     def build(self, config: Any, args: TrainArgs) -> Any:
-        if self.strategy == "tp":
-            return tp_model(config, args, self.world_size)
-        model = build_for_training(config, args)
-        if self.strategy == "fsdp2":
-            model = fsdp2_model(model, self._mesh, self._fake)
-        return model
+        with quiet_tracking():  # peft's get_peft_model reads a property transformers 5.25 deprecates
+            if self.strategy == "tp":
+                return tp_model(config, args, self.world_size)
+            model = build_for_training(config, args)
+            if self.strategy == "fsdp2":
+                model = fsdp2_model(model, self._mesh, self._fake)
+            return model
 
     def batch(self, args: TrainArgs, vocab_size: int, rows: int | None) -> dict[str, Any]:
         import torch  # lazy: import nbhw stays free of torch

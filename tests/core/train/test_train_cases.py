@@ -148,3 +148,17 @@ def test_fsdp2_first_step_holds_the_whole_model_as_accelerate_shards_it(
     r = gpu.recommended
     assert r.first_step_host_bytes == r.memory.whole_model > 0  # type: ignore[union-attr]
     assert "each loads the whole model and accelerate shards it" in gpu.text()
+
+
+def test_planning_a_lora_step_says_nothing_the_users_run_would_not() -> None:
+    # peft reads transformers' deprecated is_gradient_checkpointing and MemTracker warns on modules without a
+    # forward: both come from the dry step alone, and they showed under every training plan's cell.
+    import warnings
+
+    import nbhw
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plan = nbhw.train_plan(method="lora", device_memory="2GiB", context=64, batch=2, gradient_checkpointing=True)
+        assert plan.max_batch is not None
+    assert [str(w.message) for w in caught] == []
