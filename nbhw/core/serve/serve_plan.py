@@ -302,7 +302,8 @@ def _device(load: LoadPlan, args: ServeArgs) -> tuple[paged.Device, str, str]:
     total = share.budget if share.budget is not None else 0
     device = paged.Device(TRANSFORMERS_KIND.get(backend, backend), total, share.bytes + (held.bytes if held else 0),
                           backend in GRAPH_BACKENDS)  # fmt: skip
-    return device, share.device, placement.budget_source
+    given = args.device_memory is not None  # passed to the load plan as its max_memory, but the user said device_memory
+    return device, share.device, "the device_memory you gave" if given else placement.budget_source
 
 
 def _cpu_only_torch() -> bool:

@@ -143,7 +143,8 @@ def test_the_plan_says_what_each_figure_is_and_writes_the_cell_and_command(folde
     assert isinstance(plan, ServePlan)
     text = plan.text()
     for words in ("max_memory_percent  1: yours", "sliding_attention", "full_attention", "window 32", "requests ",
-                  "scheduled together", "longest request", "transformers serve --continuous-batching"):  # fmt: skip
+                  "scheduled together", "longest request", "transformers serve --continuous-batching",
+                  "(the device_memory you gave)"):  # fmt: skip
         assert words in text, words
     assert "ContinuousBatchingConfig(max_memory_percent=1.0, page_size=16, max_batch_tokens=128)" in plan.code
     assert "max_memory" not in plan.code.split("ContinuousBatchingConfig")[0]  # device_memory bounds nothing
