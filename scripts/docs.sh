@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The documentation site, built from a fresh clone with one command:
-#   scripts/docs.sh            sets up .venv if needed, builds docs/_build/html (warnings are errors)
+#   scripts/docs.sh            sets up .venv if needed, builds docs/_build/html afresh (warnings are errors)
 #   scripts/docs.sh OUT_DIR    builds into OUT_DIR instead (the test suite builds into a temporary folder)
 # Every guide notebook is executed during the build (docs/conf.py); a cell that fails, a broken link or a public
 # name without a docstring fails it. The output is a static folder: open OUT_DIR/index.html in a browser.
@@ -54,5 +54,7 @@ if [ ! -s "$vendor/anywidget.js" ]; then
 fi
 
 start=$SECONDS
-.venv/bin/python -m sphinx -W --keep-going -b html docs "$out"
+# -E: a fresh environment, so every notebook runs again on the code as it is now (Sphinx would reuse the last
+# build's outputs of a notebook that did not change).
+.venv/bin/python -m sphinx -E -W --keep-going -b html docs "$out"
 echo "built in $((SECONDS - start)) s: open $(cd "$out" && pwd)/index.html"

@@ -18,7 +18,7 @@ import nbhw
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 # The build scripts/docs.sh runs, output folder last (test_docs_script_builds_the_same_way keeps them the same).
-SPHINX = ["-m", "sphinx", "-W", "--keep-going", "-b", "html", "docs"]
+SPHINX = ["-m", "sphinx", "-E", "-W", "--keep-going", "-b", "html", "docs"]
 # One worker builds the site for all its tests (the fixture is the module's; tests/support/schedule.py).
 pytestmark = pytest.mark.xdist_group("docs")
 # Eleven notebooks of about 45 s each on two busy cores, with room to spare: the suite's 300 s would stop it.
