@@ -19,6 +19,7 @@ from nbhw.core.memory.out_of_memory import is_out_of_memory
 if TYPE_CHECKING:
     from nbhw.core.argument import Argument
     from nbhw.core.plan.load_plan import LoadPlan
+    from nbhw.core.serve.serve_plan import ServePlan
     from nbhw.core.train.train_plan import TrainPlan
 
 
@@ -105,8 +106,8 @@ class HwMagics(Magics):
         if args.task == "train":
             self._load_train(answer, args)
             return
-        if args.task == "serve":  # the serving plan has no tab of its own yet: its answer, as %hw serve shows it
-            self._show_answer(answer, args)
+        if args.task == "serve":
+            self._load_serve(answer, args)
             return
         plan: LoadPlan = answer
         if args.emit:
@@ -124,15 +125,27 @@ class HwMagics(Magics):
 
     def _load_train(self, plan: TrainPlan, args: argparse.Namespace) -> None:
         """%hw load --task train: the Load tab in its Train mode (--emit, --json, a terminal: the training plan)."""
-        from nbhw.core.argument import given
         from nbhw.core.train.arguments import TRAIN_ARGUMENTS
 
-        names = [name for name, value in given(args, TRAIN_ARGUMENTS).items() if value is not False]
-        if args.emit or args.json or not self._has_controls(TRAIN_ARGUMENTS, names):
+        self._load_mode(plan, plan.asked, TRAIN_ARGUMENTS, args)
+
+    def _load_serve(self, plan: ServePlan, args: argparse.Namespace) -> None:
+        """%hw load --task serve: the Load tab in its Serve mode (--emit, --json, a terminal, a word without a
+        control such as --reserve: the serving plan)."""
+        from nbhw.core.serve.arguments import SERVE_ARGUMENTS
+
+        self._load_mode(plan, plan.args, SERVE_ARGUMENTS, args)
+
+    def _load_mode(self, plan: Any, asked: Any, declared: tuple[Argument, ...], args: argparse.Namespace) -> None:
+        """The Load tab in the mode of ``args.task`` when every word given has a control there, else the answer."""
+        from nbhw.core.argument import given
+
+        names = [name for name, value in given(args, declared).items() if value is not False]
+        if args.emit or args.json or not self._has_controls(declared, names):
             self._show_answer(plan, args)
             return
-        # On the plan's model (None: nbhw's tiny one), with the words as the training plan read them ("4k": 4096).
-        self._open_load_tab(plan.model, args, task="train", **{name: getattr(plan.asked, name) for name in names})
+        # On the plan's model (None: nbhw's tiny one), with the words as the plan read them ("4k": 4096).
+        self._open_load_tab(plan.model, args, task=args.task, **{name: getattr(asked, name) for name in names})
 
     def _has_controls(self, declared: tuple[Argument, ...], names: Any) -> bool:
         """In a kernel, whether the Load tab has a control for every argument the line gave (--reserve, --pinned:

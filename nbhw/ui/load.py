@@ -26,8 +26,11 @@ from nbhw.core.hf import dryrun
 from nbhw.core.plan import headroom, load_form
 from nbhw.core.plan.load_form import CONTROLS, Choices, Form, Option, Preview, Unit
 from nbhw.core.plan.placement import DeviceShare
+from nbhw.core.serve.serve_form import ServeForm
 from nbhw.core.train.train_form import TrainForm, task_options
 from nbhw.ui.codebox import codebox, highlight, quick_html
+from nbhw.ui.mode import ModeView
+from nbhw.ui.serve import ServeView
 from nbhw.ui.train import TrainView
 from nbhw.ui.tree import Shared, close_tree
 from nbhw.ui.worker import CONTROL_DELAY, LOCK, Worker, locked, unexpected
@@ -343,6 +346,8 @@ def _control(name: str) -> Any:
     return locked(getattr(_ipywidgets(), name))
 
 
+# The Load tab's modes beside "Load / generate", by task: each made when first shown.
+MODE_VIEWS: dict[str, type[ModeView]] = {"train": TrainView, "serve": ServeView}
 FIT_TIP = "search dtype, quantization, cache, attention, kernels and device_map for what fits this context and budget"
 
 
@@ -364,8 +369,9 @@ class LoadView:
 
     One control per declared argument that names one (:data:`nbhw.core.plan.load_form.CONTROLS`), in declaration
     order, each with its note beside it; ``max_memory`` is one size field per device accelerate would fill. The
-    mode switch ``task`` shows the Train mode instead (:class:`nbhw.ui.train.TrainView`, made when first shown,
-    ``.train``) under the same model box; each mode keeps its own controls and preview.
+    mode switch ``task`` shows the Train mode (:class:`nbhw.ui.train.TrainView`, ``.train``) or the Serve mode
+    (:class:`nbhw.ui.serve.ServeView`, ``.serve``) instead, each made when first shown, under the same model box;
+    each mode keeps its own controls and preview.
     """
 
     def __init__(
@@ -376,23 +382,25 @@ class LoadView:
         *,
         task: str = "infer",
         train: TrainForm | None = None,
+        serve: ServeForm | None = None,
     ) -> None:
         self.form = form
         self.worker = worker
         self.choices: Choices | None = None
         self.result: Result | None = None
-        self.train: TrainView | None = None
+        self.modes: dict[str, ModeView] = {}  # the other modes' views, by task, once shown
         self.closed = False
         self._syncing = False
         self._key = ("load", id(self))
-        self._train_form = train or TrainForm.of(form.model, offline=form.offline)
-        self._replan_on_return = task == "train"  # the inference plan waits until its mode is shown
+        self._forms = {"train": train or TrainForm.of(form.model, offline=form.offline),
+                       "serve": serve or ServeForm.of(form.model, offline=form.offline)}  # fmt: skip
+        self._replan_on_return = task != "infer"  # the inference plan waits until its mode is shown
         self.memory_fields: dict[str, Any] = {}
         self._size_notes: tuple[tuple[Any, ...], dict[str, str]] = ((), {})  # the last notes of the run's sizes
         self._shared = Shared()
         # Under the lock: the first plan's parts are applied once the widgets exist.
         with LOCK:
-            first = self._first_plan() if task != "train" else None
+            first = self._first_plan() if task == "infer" else None
             try:
                 self._make_widgets(form, models or [], task)
             except BaseException:
@@ -432,8 +440,8 @@ class LoadView:
             control.observe(self._changed, names="value")
         self.task.observe(self._task_changed, names="value")
         self._set_memory_fields([load_form.MemoryField(k, k, None) for k, _ in form.max_memory])
-        if task == "train":
-            self._show_task("train")
+        if task != "infer":
+            self._show_task(task)
 
     def _html(self, value: str = "", **layout: Any) -> Any:
         w = _ipywidgets()
@@ -538,10 +546,11 @@ class LoadView:
         with LOCK:
             if self._syncing or self.closed:
                 return
-            if self.task.value == "train":  # the model goes to the training plan; the inference plan waits
+            if self.task.value != "infer":  # the model goes to the mode shown; the inference plan waits
                 self._replan_on_return = True
-                if self.train is not None:
-                    self.train.follow(str(self.model.value), bool(self.offline.value))
+                shown = self.modes.get(str(self.task.value))
+                if shown is not None:
+                    shown.follow(str(self.model.value), bool(self.offline.value))
                 return
             self.form = self.read_form()
             if change is not None and change.get("owner") is self.inputs.get("target"):
@@ -558,7 +567,19 @@ class LoadView:
             self._key, lambda post: compute(form, post), self._apply, delay=delay, progress=self._apply
         )
 
-    # -- the mode: load / generate or train
+    # -- the mode: load / generate, train or serve
+
+    @property
+    def train(self) -> TrainView | None:
+        """The Train mode's view, once shown."""
+        shown = self.modes.get("train")
+        return shown if isinstance(shown, TrainView) else None
+
+    @property
+    def serve(self) -> ServeView | None:
+        """The Serve mode's view, once shown."""
+        shown = self.modes.get("serve")
+        return shown if isinstance(shown, ServeView) else None
 
     def _task_changed(self, change: Any) -> None:
         with LOCK:
@@ -566,18 +587,19 @@ class LoadView:
                 self._show_task(str(change["new"]))
 
     def _show_task(self, task: str) -> None:
-        """Show one mode's controls and preview (under the lock); the other keeps its own values."""
-        training = task == "train"
+        """Show one mode's controls and preview (under the lock); the others keep their own values."""
         model, offline = str(self.model.value), bool(self.offline.value)
-        if training and self.train is None:
-            self.train = TrainView(self._train_form.replace(model=model, offline=offline), self.worker)
-            self.box.children = [*self.box.children, self.train.box]
-        elif training and self.train is not None:
-            self.train.follow(model, offline)
-        self.infer_box.layout.display = "none" if training else None
-        if self.train is not None:
-            self.train.box.layout.display = None if training else "none"
-        if not training and self._replan_on_return:
+        shown = self.modes.get(task)
+        if shown is None and task in MODE_VIEWS:
+            shown = MODE_VIEWS[task](self._forms[task].replace(model=model, offline=offline), self.worker)
+            self.modes[task] = shown
+            self.box.children = [*self.box.children, shown.box]
+        elif shown is not None:
+            shown.follow(model, offline)
+        self.infer_box.layout.display = None if task == "infer" else "none"
+        for name, view in self.modes.items():
+            view.box.layout.display = None if name == task else "none"
+        if task == "infer" and self._replan_on_return:
             self._replan_on_return = False
             self._changed()
 
@@ -723,8 +745,8 @@ class LoadView:
         return [*self.controls(), *notes, *shown, *self.memory_fields.values(), *rows, *self._shared.widgets()]
 
     def close(self) -> None:
-        """Close the widgets, their layouts and styles, the Train mode's too; a job still running is dropped."""
+        """Close the widgets, their layouts and styles, the other modes' too; a job still running is dropped."""
         self.closed = True
-        if self.train is not None:
-            self.train.close()
+        for view in self.modes.values():
+            view.close()
         close_tree(*self.widgets())

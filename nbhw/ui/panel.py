@@ -21,9 +21,11 @@ from nbhw.core.errors import UserError, one_of
 from nbhw.core.hardware.detect import detect
 from nbhw.core.plan import load_form
 from nbhw.core.plan.load_form import CONTROLS, Form, cached_models, form_words
+from nbhw.core.serve import serve_form
+from nbhw.core.serve.serve_form import SERVE_CONTROLS, ServeForm
 from nbhw.core.train import train_form
 from nbhw.core.train.tasks import check_names, check_task
-from nbhw.core.train.train_form import TASK_LABELS, TRAIN_CONTROLS, TrainForm
+from nbhw.core.train.train_form import TRAIN_CONTROLS, TrainForm
 from nbhw.ui.attention import AttentionView
 from nbhw.ui.devices import DevicesView
 from nbhw.ui.load import LoadView
@@ -81,7 +83,8 @@ class Panel:
     """The tabbed panel. Display it in Jupyter; ``.devices``, ``.attention``, ``.load``: each tab's view once the
     tab has been opened (None before); ``.close()``.
 
-    ``task="train"``: the Load tab opens in its Train mode, on ``train`` (its controls' words).
+    ``task="train"``: the Load tab opens in its Train mode, on ``train`` (its controls' words); ``task="serve"``:
+    in its Serve mode, on ``serve``.
     """
 
     def __init__(
@@ -91,6 +94,7 @@ class Panel:
         tab: str = "Devices",
         task: str = "infer",
         train: TrainForm | None = None,
+        serve: ServeForm | None = None,
         interval: float = 0.5,
         window: float = 600.0,
     ) -> None:
@@ -100,6 +104,7 @@ class Panel:
         self.tab = tab
         self.task = check_task(task)
         self.train = train or TrainForm.of(form.model, offline=form.offline)
+        self.serve = serve or ServeForm.of(form.model, offline=form.offline)
         self.interval = interval
         self.window = window
         self.closed = False
@@ -188,7 +193,9 @@ class Panel:
             self.attention = AttentionView(self._worker, self.form.model, self.form.offline, self._models())
             return self.attention.box
         if tab == "Load":
-            self.load = LoadView(self.form, self._worker, self._models(), task=self.task, train=self.train)
+            self.load = LoadView(
+                self.form, self._worker, self._models(), task=self.task, train=self.train, serve=self.serve
+            )
             return self.load.box
         return None
 
@@ -251,8 +258,8 @@ class Panel:
     # -- text and display
 
     def text(self) -> str:
-        """The panel in a terminal: the devices view and the load plan, or the training plan with ``task="train"``
-        (the graph and tables need Jupyter)."""
+        """The panel in a terminal: the devices view and the load plan, or the training plan with ``task="train"``,
+        or the serving plan with ``task="serve"`` (the graph and tables need Jupyter)."""
         parts = [detect().text().rstrip(), "", self._plan_text()]
         parts += ["", "In Jupyter, %hw shows these as tabs with the memory graph and the attention advice;", (
             "in a terminal: %hw memory, %hw attention, %hw load.")]  # fmt: skip
@@ -262,6 +269,9 @@ class Panel:
         if self.task == "train":
             trained = train_form.preview(self.train)
             return trained.plan.text().rstrip() if trained.plan is not None else f"nbhw: train plan: {trained.error}"
+        if self.task == "serve":
+            served = serve_form.preview(self.serve)
+            return served.plan.text().rstrip() if served.plan is not None else f"nbhw: serve plan: {served.error}"
         form = self.form
         if form.dtype is None:  # as in Jupyter: the advised dtype
             found = load_form.choices(form.model, device_map=form.device_map, offline=form.offline, target=form.target)
@@ -305,17 +315,18 @@ def panel(
 
     ``task="train"``: the Load tab opens in its Train mode and ``arguments`` are those of :func:`nbhw.train_plan`
     (``method``, ``batch``, ``context``, ``lora_r``, ``device_memory``, ...): the preview is the training plan.
+    ``task="serve"``: its Serve mode, and ``arguments`` are those of ``nbhw.plan(task="serve")`` (``context``,
+    ``prompt``, ``answer``, ``memory_percent``, ``target``, ...): the preview is the serving plan.
     """
     task = check_task(task)
-    if task not in TASK_LABELS:  # serving has no mode in the Load tab yet
-        raise UserError(
-            f"the panel's Load tab has no {task!r} mode (%hw {task} shows it); valid: {', '.join(TASK_LABELS)}"
-        )
-    check_names(task, arguments)  # a word of the other task's plan says which task it is for
+    check_names(task, arguments)  # a word of another task's plan says which task it is for
     name = str(model) if model is not None else load_form.default_model()
     if task == "train":
         train = TrainForm.of(name, offline=offline, **train_form.form_words(arguments))
         return Panel(Form(name, offline=offline), tab=tab, task=task, train=train, interval=interval, window=window)
+    if task == "serve":
+        serve = ServeForm.of(name, offline=offline, **ServeForm.form_words(arguments))
+        return Panel(Form(name, offline=offline), tab=tab, task=task, serve=serve, interval=interval, window=window)
     unknown = [n for n in arguments if n not in CONTROLS]
     if unknown:
         raise one_of("argument", unknown[0], list(CONTROLS))
@@ -326,5 +337,6 @@ def panel(
 panel.__signature__ = signature(  # type: ignore[attr-defined]
     panel, [replace(a, default=None) if a.name == "dtype" else a for a in CONTROLS.values()],
     [a for name, a in TRAIN_CONTROLS.items() if name not in CONTROLS],
+    [a for name, a in SERVE_CONTROLS.items() if name not in CONTROLS and name not in TRAIN_CONTROLS],
     keep=("model", "offline", "tab", "task", "interval", "window"),
 )  # fmt: skip

@@ -85,7 +85,7 @@ def test_the_train_form_is_the_declared_training_arguments_as_words(tiny: str) -
     assert (form.word("method"), form.word("context"), form.word("offload"), form.word("target")) == (
         "lora", "2048", False, None,
     )  # fmt: skip
-    assert form.train_values() == {"lora_target_modules": ("q_proj", "v_proj"), "device_memory": "8GiB"}
+    assert form.plan_values() == {"lora_target_modules": ("q_proj", "v_proj"), "device_memory": "8GiB"}
     words = train_form.form_words({"context": 4096, "lora_target_modules": ("q_proj", "v_proj"), "offload": True})
     assert words == {"context": "4096", "lora_target_modules": "q_proj v_proj", "offload": True}
     with pytest.raises(nbhw.UserError, match="valid: method, batch, context"):
@@ -102,7 +102,7 @@ def test_every_dropdown_offers_its_declared_choices_and_targets_are_gpus_a_plan_
     for target in targets[1:]:
         found = target_of(target)
         assert found is not None and found.accelerator.device in TRAINED_ON, target
-    assert [task for _, task in train_form.task_options()] == [t for t in TASKS if t != "serve"]  # %hw serve's
+    assert [task for _, task in train_form.task_options()] == list(TASKS)  # a mode per task
 
 
 def test_the_preview_is_the_training_plan_or_one_line(tiny: str) -> None:
@@ -127,8 +127,7 @@ def test_train_mode_shows_the_training_plans_verdict_breakdown_largest_batch_and
     view: LoadView, worker: Worker, tiny: str
 ) -> None:
     labels = dict(view.task.options)
-    modes = [t for t in TASKS if t != "serve"]  # serving has no mode in the tab yet: %hw serve shows it
-    assert list(labels.values()) == modes and labels["Load / generate"] == "infer" and labels["Train"] == "train"
+    assert list(labels.values()) == list(TASKS) and labels["Load / generate"] == "infer" and labels["Train"] == "train"
     assert view.train is None  # no training plan runs until the mode is shown
     shown = train(view, worker, **ASKED)
     assert list(shown.inputs) == list(TRAIN_CONTROLS)

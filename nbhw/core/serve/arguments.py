@@ -53,6 +53,12 @@ def percent_from_text(text: str) -> float:
 
 
 COMPILE_LEVELS = (0, 1, 2, 3)  # ContinuousBatchingConfig.default_compile_level
+# The attention implementations continuous batching serves (what the Serve mode's dropdown offers; any key
+# transformers knows is taken as a word).
+SERVED_ATTENTION = ("sdpa", "eager", "flash_attention_2", "flash_attention_3")
+# The torch devices of a catalog target a serving plan is made for: transformers' continuous batching asks torch for
+# the device by this name (torch has no "tpu", "neuron" or "npu" device without its vendor's package).
+SERVED_ON = ("cuda", "xpu", "hpu", "mps")
 
 
 def check_compile_level(value: Any) -> int | None:
@@ -74,14 +80,14 @@ class ServeArgs:
     """What the user asked of continuous batching (``generate_batch``, ``init_continuous_batching``,
     ``transformers serve --continuous-batching``), checked."""
 
-    target: Target | None = argument(**TARGET)
-    dtype: str = argument(**DTYPE, default="auto")
+    target: Target | None = argument(**TARGET, control="dropdown")
+    dtype: str = argument(**DTYPE, default="auto", control="dropdown")
     attn_implementation: str | None = argument(
-        metavar="IMPL", aliases=("--attn",), check=check_attn,
+        metavar="IMPL", aliases=("--attn",), check=check_attn, control="dropdown",
         help="sdpa (default), eager (served as paged|eager), flash_attention_2, flash_attention_3",
     )  # fmt: skip
     device_memory: int | str | None = argument(
-        metavar="SIZE", check=check_device_memory,
+        metavar="SIZE", check=check_device_memory, control="text",
         help="the serving device's memory, e.g. 24GiB (default: this machine's first accelerator, else its CPU)",
     )  # fmt: skip
     reserve: int | str | None = argument(
@@ -89,35 +95,36 @@ class ServeArgs:
         help="what the device holds outside tensors (CUDA context, workspaces); default: nbhw's figure",
     )  # fmt: skip
     context: int | None = argument(
-        metavar="TOKENS", parse=_tokens("context"), check=check_context, word=word,
+        metavar="TOKENS", parse=_tokens("context"), check=check_context, word=word, control="text",
         help="tokens per request at full length, prompt + answer: 4096, 32k (default 4,096, or the model's maximum "
         "when smaller)",
     )  # fmt: skip
     prompt: int | None = argument(
-        metavar="TOKENS", parse=_tokens("prompt"), check=check_optional_tokens("prompt"), word=word,
+        metavar="TOKENS", parse=_tokens("prompt"), check=check_optional_tokens("prompt"), word=word, control="text",
         help="a typical request's prompt tokens (with --answer: how many such requests fit too)",
     )  # fmt: skip
     answer: int | None = argument(
-        metavar="TOKENS", parse=_tokens("answer"), check=check_optional_tokens("answer"), word=word,
+        metavar="TOKENS", parse=_tokens("answer"), check=check_optional_tokens("answer"), word=word, control="text",
         help="a typical request's generated tokens",
     )  # fmt: skip
     memory_percent: float | None = argument(
-        metavar="FRACTION", parse=percent_from_text, check=check_memory_percent,
+        metavar="FRACTION", parse=percent_from_text, check=check_memory_percent, control="text",
         help="ContinuousBatchingConfig.max_memory_percent: the share of the memory left after the weights the "
         "cache may take (default: transformers' own choice)",
     )  # fmt: skip
     page_size: int | None = argument(
         metavar="TOKENS", parse=_tokens("page_size"), check=check_optional_tokens("page_size"), word=word,
+        control="text",
         help="tokens per page of a full-attention layer (default: transformers' 256)",
     )  # fmt: skip
     compile_level: int | None = argument(
-        metavar="LEVEL", parse=compile_level_from_text, check=check_compile_level,
+        metavar="LEVEL", parse=compile_level_from_text, check=check_compile_level, control="dropdown",
         help="ContinuousBatchingConfig.default_compile_level: 0 (no compile, the default) to 3; the graphs decision "
         "reads the compile configs it makes",
     )  # fmt: skip
     max_batch_tokens: int | None = argument(
         metavar="TOKENS", parse=_tokens("max_batch_tokens"), check=check_optional_tokens("max_batch_tokens"),
-        word=word, help="tokens one forward takes at most (default: transformers' 8,192)",
+        word=word, control="text", help="tokens one forward takes at most (default: transformers' 8,192)",
     )  # fmt: skip
 
 
@@ -131,6 +138,10 @@ def serve_args(**values: Any) -> ServeArgs:
     if unknown:
         raise UserError(f"{unknown[0]} is not a serving argument; task='serve' takes: {', '.join(sorted(SERVE_NAMES))}")
     found: ServeArgs = checked(ServeArgs, values)
+    if found.target is not None and found.target.accelerator.device not in SERVED_ON:
+        kind = found.target.accelerator.device
+        raise UserError(f"target={found.target.text!r} is a {kind} device; a serving plan is made for "
+                        f"{', '.join(SERVED_ON)} targets (or this machine)")  # fmt: skip
     if found.target is not None and found.device_memory is not None:
         raise UserError("target and device_memory both set the memory to plan for; give one")
     if (found.prompt is None) != (found.answer is None):

@@ -170,6 +170,7 @@ def test_the_plan_says_what_each_figure_is_and_writes_the_cell_and_command(folde
         ({"target": "T4", "device_memory": "10GiB"}, "give one"),
         ({"batch": 4}, "not for task='serve'"),
         ({"compile_level": 4}, "valid: 0, 1, 2, 3"),
+        ({"target": "TPU v4"}, "a tpu device; a serving plan is made for cuda, xpu, hpu, mps targets"),
     ],
 )
 def test_mistakes_are_one_line_errors(folders: dict[str, str], values: dict[str, Any], words: str) -> None:
@@ -200,9 +201,10 @@ def test_the_cli_and_the_magic_take_the_same_words(
     assert json.loads(capsys.readouterr().out)["cache"]["sectors"] == expected.paged.sectors  # type: ignore[union-attr]
 
 
-def test_the_panel_says_serving_has_no_mode_of_its_own_yet() -> None:
-    with pytest.raises(UserError, match=r"no 'serve' mode .*valid: infer, train"):
-        nbhw.panel(task="serve")
+def test_the_panel_takes_the_serving_words_and_no_other_tasks() -> None:
+    # The Serve mode itself: tests/ui/test_load_serve_mode.py
+    with pytest.raises(UserError, match=r"^batch is not for task='serve'; it takes: answer, attn_implementation, "):
+        nbhw.panel(task="serve", batch=4)
 
 
 def test_a_scheduler_too_long_to_simulate_is_said_not_simulated(
