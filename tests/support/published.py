@@ -1,8 +1,8 @@
 """Published models as config-only folders: the hyperparameters of their config.json files, no weights.
 
 Used by the run planner's regression tests, its benchmark (benchmarks/bench_run.py) and the table in
-docs/reference/examples.md (benchmarks/run_table.py). Each entry is the config.json a model's Hub repository publishes (the fields that decide
-sizes; everything else keeps transformers' defaults), in the checkpoint's own dtype.
+docs/reference/examples.md (benchmarks/run_table.py). Each entry is the config.json a model's Hub repository
+publishes (the fields that decide sizes; everything else keeps transformers' defaults), in the checkpoint's own dtype.
 """
 
 from __future__ import annotations
