@@ -12,6 +12,7 @@ last view stops the sampler.
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 import sys
@@ -258,14 +259,11 @@ class MemoryView:
         return True
 
     def _settle(self) -> None:
-        """A stopped graph becomes a new figure that holds its points in its own state. Each tick reaches the
-        browser as an update message, which a saved notebook (and the documentation site) does not keep: without
-        this, the saved graph was empty axes."""
-        figure_class, _ = _classes()
-        old, self.figure = self.figure, figure_class(data=self.figure.data, layout=self.figure.layout)
-        self.figure.add_class(GRAPH_CLASS)
-        self.box.children = (self.style, self.status, self.errors, self.figure, self.table)
-        old.close()
+        """A stopped graph's points into the widget state a saved notebook keeps. Each tick reaches the browser as
+        an update message, which saving (and the documentation site) drops: the saved graph was empty axes. plotly's
+        front end ignores these two traits once drawn, and plotly itself sets them so when a figure is displayed."""
+        self.figure._widget_data = copy.deepcopy(self.figure._data)
+        self.figure._widget_layout = copy.deepcopy(self.figure._layout_obj._props)
 
     def _rebuild(self, data: Samples) -> None:
         figure_class, _ = _classes()

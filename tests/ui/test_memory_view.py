@@ -256,8 +256,6 @@ def test_a_stopped_graph_keeps_its_points_in_the_state_a_saved_notebook_keeps(re
     deadline = time.monotonic() + 5
     while sampler.ticks_taken < 3 and time.monotonic() < deadline:
         time.sleep(0.02)
-    with ui.LOCK:
-        running = view.figure
     sampler.stop()
     names = [t.name for t in view.figure.data]
     allocated = names.index("fake:0 allocated by torch (this process)")
@@ -265,7 +263,6 @@ def test_a_stopped_graph_keeps_its_points_in_the_state_a_saved_notebook_keeps(re
     saved = np.frombuffer(saved["buffer"], dtype=saved["dtype"])
     drawn = view.figure.data[allocated].y
     assert np.count_nonzero(~np.isnan(drawn)) >= 3 and np.array_equal(saved, drawn, equal_nan=True)
-    assert running.comm is None and view.box.children[3] is view.figure  # the running figure closed, replaced
 
 
 def test_a_faulting_source_is_shown_once_and_the_rest_of_the_graph_continues(rec: Recorder) -> None:
