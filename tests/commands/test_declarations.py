@@ -23,6 +23,8 @@ from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.core.plan import codegen
 from nbhw.core.plan.arguments import PLAN_ARGUMENTS, PlanArgs
 from nbhw.core.plan.load_form import CONTROLS, OPTIONS
+from nbhw.core.serve.arguments import SERVE_ARGUMENTS
+from nbhw.core.serve.serve_form import SERVE_CONTROLS
 from nbhw.core.train import tasks
 from nbhw.core.train.arguments import TRAIN_ARGUMENTS
 from nbhw.core.train.tasks import TASK_ARGUMENTS
@@ -69,10 +71,12 @@ def test_every_argument_is_a_keyword_of_plan_panel_and_to_dict() -> None:
     others = {a.name for a in (*tasks.TRAIN_ONLY, *tasks.SERVE_ONLY)}
     assert set(inspect.signature(nbhw.plan).parameters) == PLAN_NAMES | others | {"task", "model", "offline"}
     panel_keywords = set(inspect.signature(nbhw.panel).parameters) - {"model", "offline", "tab", "interval", "window"}
-    # the Load tab's controls, and (task="train") its Train mode's: one per declared argument with a control
+    # the Load tab's controls, and (task="train" / "serve") its Train and Serve modes': one per declared argument
+    # with a control
     assert set(CONTROLS) == {a.name for a in PLAN_ARGUMENTS if a.control}
-    assert panel_keywords == set(CONTROLS) | set(TRAIN_CONTROLS) | {"task"}
+    assert panel_keywords == set(CONTROLS) | set(TRAIN_CONTROLS) | set(SERVE_CONTROLS) | {"task"}
     assert set(TRAIN_CONTROLS) == {a.name for a in TRAIN_ARGUMENTS if a.control}
+    assert set(SERVE_CONTROLS) == {a.name for a in SERVE_ARGUMENTS if a.control}
     # (target and max_memory both set the budget, so one plan can't take both)
     assert set(nbhw.plan(**{k: v for k, v in SHOWN.items() if k != "target"}).to_dict()["arguments"]) == PLAN_NAMES
     assert nbhw.plan(target=SHOWN["target"]).to_dict()["arguments"]["target"] == "T4"

