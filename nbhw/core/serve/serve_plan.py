@@ -176,6 +176,10 @@ class ServePlan(render.Shown):
         found = self.paged
         out = [("device", f"{self.device_name}: {size(self.device.total)} ({self.memory_source})"),
                ("weights + reserve", f"{size(self.device.held)} held before the cache")]  # fmt: skip
+        cards = self.args.target.cards if self.args.target is not None else 1
+        if cards > 1:  # continuous batching runs one copy of the model per device, or tensor parallel (not planned)
+            out.insert(1, ("cards", f"one of the {cards}: the figures are one card's; tensor parallelism across "
+                                    "them (tp_plan='auto') is not planned"))  # fmt: skip
         if found is None:
             return [*out, ("cache", f"none: {self.problem}")]
         pools = "; ".join(

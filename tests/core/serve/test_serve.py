@@ -245,3 +245,11 @@ def test_the_emitted_cell_runs_and_serves_nbhws_requests(monkeypatch: pytest.Mon
     exec(compile(plan.code, "<plan.code>", "exec"), scope)
     assert len(scope["results"]) == plan.full.held and all(r is not None for r in scope["results"])
     assert watched.caches[-1].num_sectors == plan.paged.sectors
+
+
+def test_a_target_of_several_cards_is_planned_for_one_and_says_so() -> None:
+    one, two = (nbhw.plan(task="serve", target=t, context=256) for t in ("H100", "2x H100"))
+    assert isinstance(one, ServePlan) and isinstance(two, ServePlan)
+    assert one.full is not None and two.full is not None and one.full.held == two.full.held
+    assert "cards" not in dict(one.rows())
+    assert dict(two.rows())["cards"].startswith("one of the 2: the figures are one card's; tensor parallelism")
