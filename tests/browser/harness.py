@@ -629,11 +629,12 @@ def previewed(nb: NotebookPage, cell: int, timeout: float = 60) -> str:
     return poll(f"the code preview of cell {cell}", lambda: box.inner_text() or None, timeout)
 
 
-def control(nb: NotebookPage, cell: int, kind: str, label: str) -> Locator:
-    """An ipywidgets control of the Load tab of the panel in `cell`, found by its description."""
+def control(nb: NotebookPage, cell: int, kind: str, label: str, mode: str = "load") -> Locator:
+    """An ipywidgets control of the Load tab of the panel in `cell` (``mode``: "train" or "serve", of that mode),
+    found by its description."""
     widget = (
         nb.cell(cell)
-        .locator(f".nbhw-load .widget-{kind}")
+        .locator(f".nbhw-{mode} .widget-{kind}")
         .filter(has=nb.page.locator("label", has_text=re.compile(f"^{re.escape(label)}$")))
     )
     return widget.locator("select" if kind == "dropdown" else "input")

@@ -4,27 +4,17 @@ the panel."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
-from playwright.sync_api import Locator
 
 import nbhw
 from nbhw.core.hf.tiny_model import tiny_model_path
-from tests.browser.harness import NotebookPage, choose, poll, previewed
+from tests.browser.harness import NotebookPage, choose, control, poll, previewed
 
 pytestmark = pytest.mark.browser
 
 # nbhw's tiny model and the CPU's reserve hold about 520 MiB: a few hundred requests of 64 tokens fit in the rest.
 ASKED = {"context": "64", "device_memory": "600MiB", "page_size": "16", "max_batch_tokens": "128", "prompt": "56",
          "answer": "8"}  # fmt: skip
-
-
-def field(nb: NotebookPage, kind: str, label: str) -> Locator:
-    """A control of the Serve mode of the panel in cell 1, found by its description."""
-    name = nb.page.locator("label", has_text=re.compile(f"^{re.escape(label)}$"))
-    found = nb.cell(1).locator(f".nbhw-serve .widget-{kind}").filter(has=name)
-    return found.locator("select" if kind == "dropdown" else "input")
 
 
 def test_serve_mode_shows_the_serving_plan_and_inserts_its_cell(notebook: NotebookPage) -> None:
@@ -37,11 +27,11 @@ def test_serve_mode_shows_the_serving_plan_and_inserts_its_cell(notebook: Notebo
     modes = nb.cell(1).locator(".nbhw-load .widget-toggle-button")
     assert modes.all_inner_texts() == ["Load / generate", "Train", "Serve"]
     modes.filter(has_text="Serve").click()
-    attention = field(nb, "dropdown", "attn_implementation")
+    attention = control(nb, 1, "dropdown", "attn_implementation", "serve")
     attention.wait_for(timeout=30_000)  # the Serve mode's widgets are made when it is first shown
     choose(attention, "eager")
     for name, word in ASKED.items():
-        text = field(nb, "text", name)
+        text = control(nb, 1, "text", name, "serve")
         text.fill(word)
         text.press("Enter")
 

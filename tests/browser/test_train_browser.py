@@ -3,28 +3,15 @@ verdict and code for the controls set, and "Insert cell below" puts exactly that
 
 from __future__ import annotations
 
-import re
-
 import pytest
-from playwright.sync_api import Locator
 
 import nbhw
 from nbhw.core.hf.tiny_model import tiny_model_path
-from tests.browser.harness import NotebookPage, choose, poll, previewed
+from tests.browser.harness import NotebookPage, choose, control, poll, previewed
 
 pytestmark = pytest.mark.browser
 
 ASKED = {"method": "full", "context": "128", "device_type": "cpu", "device_memory": "4GiB"}
-
-
-def train_control(nb: NotebookPage, cell: int, kind: str, label: str) -> Locator:
-    """A control of the Train mode of the panel in `cell`, found by its description."""
-    widget = (
-        nb.cell(cell)
-        .locator(f".nbhw-train .widget-{kind}")
-        .filter(has=nb.page.locator("label", has_text=re.compile(f"^{re.escape(label)}$")))
-    )
-    return widget.locator("select" if kind == "dropdown" else "input")
 
 
 def test_train_mode_shows_the_training_plan_and_inserts_its_cell(notebook: NotebookPage) -> None:
@@ -35,12 +22,12 @@ def test_train_mode_shows_the_training_plan_and_inserts_its_cell(notebook: Noteb
     assert "from_pretrained" in previewed(nb, 1)
 
     nb.cell(1).locator(".nbhw-load .widget-toggle-button", has_text="Train").click()
-    method = train_control(nb, 1, "dropdown", "method")
+    method = control(nb, 1, "dropdown", "method", "train")
     method.wait_for(timeout=30_000)  # the Train mode's widgets are made when it is first shown
     choose(method, "full")
-    choose(train_control(nb, 1, "dropdown", "device_type"), "cpu")
+    choose(control(nb, 1, "dropdown", "device_type", "train"), "cpu")
     for name in ("context", "device_memory"):
-        field = train_control(nb, 1, "text", name)
+        field = control(nb, 1, "text", name, "train")
         field.fill(ASKED[name])
         field.press("Enter")
 

@@ -294,6 +294,10 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     _n("argparse", "ArgumentParser()._positionals._group_actions", "read", "3.11", "the subparsers action of a parser"),
     # the notebook stack (ui/)
     _n("plotly.graph_objects", "FigureWidget._esm", "read", "7.1.0", "the widget's JS, carried as a string"),
+    _n("plotly.graph_objects", "FigureWidget()._data", "read", "7.1.0", "a stopped graph's traces, into its state"),
+    _n("plotly.graph_objects", "FigureWidget()._layout_obj._props", "read", "7.1.0", "a stopped graph's layout"),
+    _n("plotly.graph_objects", "FigureWidget()._widget_data", "patch", "7.1.0", "the traces a saved notebook keeps"),
+    _n("plotly.graph_objects", "FigureWidget()._widget_layout", "patch", "7.1.0", "the layout a saved notebook keeps"),
     _n("ipywidgets", "Widget._handle_msg", "patch", "8.1.9", "browser messages handled under nbhw's widget lock"),
     _n("traitlets", "HasTraits()._trait_values", "read", "5.14", "a widget's children without creating defaults"),
 )
