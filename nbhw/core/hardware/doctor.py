@@ -258,7 +258,8 @@ CHECKS: tuple[Callable[[System], CheckResult], ...] = (
 def doctor(here: System | None = None) -> Preflight:
     """Run every pre-flight check: ``nbhw.doctor()``, ``%hw doctor``, ``python -m nbhw doctor [--json]``.
 
-    ``here`` gives the facts to check against instead of this machine's (a torch and GPUs you describe).
+    ``here`` gives the facts to check against instead of this machine's: a :class:`nbhw.System` of a torch
+    (:class:`nbhw.TorchFacts`) and GPUs (:class:`nbhw.Gpu`) you describe.
     """
     if here is None:
         probes.torch_module()  # torch's own import is not the checks' time (``seconds``)
