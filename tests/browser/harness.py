@@ -653,15 +653,5 @@ def open_tab(nb: NotebookPage, cell: int, title: str) -> None:
     nb.cell(cell).locator(".lm-TabBar-tab", has_text=title).click()
 
 
-def insert_below(nb: NotebookPage, cell: int, mode: str | None = None) -> str:
-    """Click "Insert cell below" of the panel in `cell` (``mode`` "train" or "serve": that mode's code box), wait
-    for exactly one new cell, and return the source of the cell below the panel."""
-    scope = f".nbhw-{mode} " if mode else ""
-    before = nb.cell_count()
-    nb.cell(cell).locator(f"{scope}.nbhw-codebox-insert").click()
-    poll("a new cell", lambda: nb.cell_count() == before + 1, 10)
-    return nb.cell_source(cell + 1)
-
-
 def code_box(nb: NotebookPage, cell: int) -> Locator:
     return nb.cell(cell).locator(".nbhw-codebox-code")

@@ -10,17 +10,7 @@ from transformers import LlamaConfig
 
 from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.core.plan.load_form import cached_models
-from tests.browser.harness import (
-    NotebookPage,
-    choose,
-    code_box,
-    control,
-    insert_below,
-    labels,
-    open_tab,
-    poll,
-    previewed,
-)
+from tests.browser.harness import NotebookPage, choose, code_box, control, labels, open_tab, poll, previewed
 
 pytestmark = pytest.mark.browser
 
@@ -169,7 +159,10 @@ def test_insert_cell_below_puts_the_previewed_code_below_its_panel_20_of_20_and_
         expected = previewed(nb, at)
         if select_first is not None:
             nb.cell(index(select_first)).locator(".jp-InputArea-editor").click()
-        assert insert_below(nb, at) == expected, f"the cell below {source!r} is not its previewed code"
+        before = nb.cell_count()
+        nb.cell(at).locator(".nbhw-codebox-insert").click()
+        poll("a new cell", lambda: nb.cell_count() == before + 1, 10)
+        assert nb.cell_source(at + 1) == expected, f"the cell below {source!r} is not its previewed code"
         assert nb.cell_source(at) == source  # the panel's cell did not move
         return at + 1
 

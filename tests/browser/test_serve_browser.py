@@ -8,7 +8,7 @@ import pytest
 
 import nbhw
 from nbhw.core.hf.tiny_model import tiny_model_path
-from tests.browser.harness import NotebookPage, choose, control, insert_below, poll, previewed
+from tests.browser.harness import NotebookPage, choose, control, poll, previewed
 
 pytestmark = pytest.mark.browser
 
@@ -48,6 +48,9 @@ def test_serve_mode_shows_the_serving_plan_and_inserts_its_cell(notebook: Notebo
     assert not nb.cell(1).locator(".nbhw-load .nbhw-codebox-code").first.is_visible()  # the inference preview
     nb.screenshot(f"{nb.name}-serve", cell=1)
 
-    assert insert_below(nb, 1, "serve") == expected and "init_continuous_batching" in expected
+    before = nb.cell_count()
+    nb.cell(1).locator(".nbhw-serve .nbhw-codebox-insert").click()
+    poll("a new cell", lambda: nb.cell_count() == before + 1, 10)
+    assert nb.cell_source(2) == expected and "init_continuous_batching" in expected
     assert nb.cell_source(1) == f"%hw load {tiny}"  # the panel's cell did not move
     assert nb.errors(1) == []

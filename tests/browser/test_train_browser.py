@@ -7,7 +7,7 @@ import pytest
 
 import nbhw
 from nbhw.core.hf.tiny_model import tiny_model_path
-from tests.browser.harness import NotebookPage, choose, control, insert_below, poll, previewed
+from tests.browser.harness import NotebookPage, choose, control, poll, previewed
 
 pytestmark = pytest.mark.browser
 
@@ -42,6 +42,9 @@ def test_train_mode_shows_the_training_plan_and_inserts_its_cell(notebook: Noteb
     assert not nb.cell(1).locator(".nbhw-load .nbhw-codebox-code").first.is_visible()  # the inference preview
     nb.screenshot(f"{nb.name}-train", cell=1)
 
-    assert insert_below(nb, 1, "train") == expected and "trainer.train()" in expected
+    before = nb.cell_count()
+    nb.cell(1).locator(".nbhw-train .nbhw-codebox-insert").click()
+    poll("a new cell", lambda: nb.cell_count() == before + 1, 10)
+    assert nb.cell_source(2) == expected and "trainer.train()" in expected
     assert nb.cell_source(1) == f"%hw load {tiny}"  # the panel's cell did not move
     assert nb.errors(1) == []
