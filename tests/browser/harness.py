@@ -641,12 +641,41 @@ def control(nb: NotebookPage, cell: int, kind: str, label: str, mode: str = "loa
 
 
 def labels(select: Locator) -> list[str]:
-    """The options of a dropdown as a person reads them (ipywidgets writes spaces as no-break spaces)."""
+    """The options of a dropdown as a person reads them now (ipywidgets writes spaces as no-break spaces)."""
     return [t.replace("\xa0", " ") for t in select.locator("option").all_inner_texts()]
 
 
-def choose(select: Locator, label: str) -> None:
-    select.select_option(index=labels(select).index(label))
+def selected(select: Locator) -> str:
+    """The label of a dropdown's selected option, as a person reads it now."""
+    return str(select.locator("option:checked").inner_text()).replace("\xa0", " ")
+
+
+def options_when(select: Locator, ready: Callable[[list[str]], bool], what: str, timeout: float = 30) -> list[str]:
+    """The options of a dropdown (``labels``) once ``ready(options)`` holds; AssertionError naming `what` and the
+    options last seen on timeout.
+
+    A panel's result reaches the page as one message per widget, applied in turn: the Load tab sends the code before
+    the dropdowns' choices (nbhw/ui/load.py, LoadView._apply), so the preview can show a change while a dropdown
+    still holds its options from before (or its lone "default" of before the choices were known). Read a dropdown
+    filled in the background with this, not with ``labels`` right after another control changed.
+    """
+    seen: list[str] = []
+
+    def check() -> list[str] | None:
+        nonlocal seen
+        seen = labels(select)
+        return seen if ready(seen) else None
+
+    try:
+        return poll(what, check, timeout)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; its options: {seen}") from None
+
+
+def choose(select: Locator, label: str, timeout: float = 30) -> None:
+    """Select the option with this label, once the dropdown offers it."""
+    options = options_when(select, lambda now: label in now, f"{label!r} among the dropdown's options", timeout)
+    select.select_option(index=options.index(label))
 
 
 def open_tab(nb: NotebookPage, cell: int, title: str) -> None:

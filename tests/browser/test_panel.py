@@ -10,7 +10,17 @@ from transformers import LlamaConfig
 
 from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.core.plan.load_form import cached_models
-from tests.browser.harness import NotebookPage, choose, code_box, control, labels, open_tab, poll, previewed
+from tests.browser.harness import (
+    NotebookPage,
+    choose,
+    code_box,
+    control,
+    open_tab,
+    options_when,
+    poll,
+    previewed,
+    selected,
+)
 
 pytestmark = pytest.mark.browser
 
@@ -83,13 +93,17 @@ def test_load_tab_controls_change_the_preview(notebook: NotebookPage, tiny: str)
     assert nb.cell(1).locator(".lm-TabBar-tab.lm-mod-current").inner_text() == "Load"
 
     dtype = control(nb, 1, "dropdown", "dtype")
-    assert "(advised)" in dtype.locator("option:checked").inner_text().replace("\xa0", " ")
+    # A first code later than FIRST_CODE_WAIT comes after the panel, and the dtypes (the advised one selected) in a
+    # message after the code's.
+    poll("the advised dtype, selected", lambda: "(advised)" in selected(dtype) or None, 30)
     choose(dtype, "float16")
     code = changed_preview(nb, 1, code, "dtype=torch.float16")
 
+    # The choices follow the code in messages of their own: the preview can show float16 while this dropdown still
+    # holds its lone "default" of before the choices were known.
     attn = control(nb, 1, "dropdown", "attn_implementation")
-    options = labels(attn)
-    assert "✓ sdpa" in options and "✗ flash_attention_2" in options
+    options = options_when(attn, lambda now: len(now) > 1, "the attention choices", 60)
+    assert "✓ sdpa" in options and "✗ flash_attention_2" in options, options
     choose(attn, "✗ flash_attention_2")
     note = nb.cell(1).locator(".nbhw-bad", has_text="flash-attn")
     note.first.wait_for(timeout=30_000)  # the reason it won't work, beside the control
@@ -121,11 +135,12 @@ def test_load_tab_controls_change_the_preview(notebook: NotebookPage, tiny: str)
 
     # The hardware selector: a catalog target re-plans for it, re-advises the dtype and says it is not here.
     target = control(nb, 1, "dropdown", "target")
-    assert labels(target)[0] == "this machine" and "2x H100 SXM · NVIDIA cuda, 79.2 GiB each" in labels(target)
+    targets = options_when(target, lambda now: len(now) > 1, "the targets", 60)
+    assert targets[0] == "this machine" and "2x H100 SXM · NVIDIA cuda, 79.2 GiB each" in targets, targets
     choose(target, "T4 · NVIDIA cuda, 14.75 GiB")
     poll("the dry run read for the T4", lambda: "read for 1x T4" in message.inner_text() or None, 60)
     assert "planning for 1x T4: hardware that is not here" in nb.cell(1).locator(".nbhw-load").inner_text()
-    poll("the T4's dtype", lambda: "float16 (advised)" in labels(control(nb, 1, "dropdown", "dtype")) or None, 30)
+    options_when(control(nb, 1, "dropdown", "dtype"), lambda now: "float16 (advised)" in now, "the T4's dtype", 30)
     nb.screenshot(f"{nb.name}-target", cell=1)
 
     # The picture colours each block by the device it goes to, decoder layers in model order.
