@@ -41,21 +41,29 @@ def run_ranks(
     torchrun or by ``accelerate launch`` with the emitted config: the exit code, each rank's peaks, stderr's tail.
     ``fake_accelerator_types``: train_rank.py's fake that lets accelerate take CPU processes for accelerators
     (FSDP through accelerate, TP's parallelism config); FSDP2 on CPU needs no fake since it shards at load."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", PYTHONPATH=str(ROOT))
-    if fake_accelerator_types:
-        env["NBHW_TEST_FSDP_ON_CPU"] = "1"
+    extra = {"NBHW_TEST_FSDP_ON_CPU": "1"} if fake_accelerator_types else {}
     rank = [str(ROOT / "tests" / "support" / "train_rank.py"), str(work / "peaks"), L.SCRIPT_NAME]
+    launcher = ["-m", "accelerate.commands.launch", "--config_file", L.ACCELERATE_CONFIG_NAME] if accelerate else None
+    return two_ranks(work, rank, work / "peaks", launcher=launcher, env=extra)
+
+
+def two_ranks(
+    work: Path, rank: list[str], out: Path, *, launcher: list[str] | None = None, env: dict[str, str] | None = None
+) -> tuple[int, list[dict[str, Any]], str]:
+    """``rank`` (a script and its arguments) on 2 CPU ranks over gloo, in ``work``, started by torchrun (or by
+    ``launcher``, a module taking ``--main_process_port``): the exit code, each rank's ``out/rank<N>.json``, and
+    stderr's tail."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", PYTHONPATH=str(ROOT), **(env or {}))
     # A free port each: two runs on the two xdist workers at once would otherwise both rendezvous on 29500, and one
     # rank joins the other run's store (seen once in CI as a rank killed by SIGABRT).
     port = str(_free_port())
-    if accelerate:
-        launch = ["-m", "accelerate.commands.launch", "--config_file", L.ACCELERATE_CONFIG_NAME]
-        cmd = [sys.executable, *launch, "--main_process_port", port, *rank]
+    if launcher is not None:
+        cmd = [sys.executable, *launcher, "--main_process_port", port, *rank]
     else:
         launch = ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2"]
         cmd = [sys.executable, *launch, "--master_port", port, *rank]
     done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600, check=False)
-    files = [work / "peaks" / f"rank{r}.json" for r in (0, 1)]
+    files = [out / f"rank{r}.json" for r in (0, 1)]
     return done.returncode, [json.loads(f.read_text()) for f in files if f.exists()], done.stderr[-6000:]
 
 

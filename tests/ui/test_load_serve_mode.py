@@ -83,7 +83,7 @@ def test_the_serve_form_is_the_declared_serving_arguments_as_words(tiny: str) ->
     assert form.plan_values() == form.words
     words = ServeForm.form_words({"context": 4096, "memory_percent": 0.9, "compile_level": 2, "target": "T4"})
     assert words == {"context": "4096", "memory_percent": "0.9", "compile_level": "2", "target": "T4"}
-    with pytest.raises(nbhw.UserError, match="valid: target, dtype, attn_implementation"):
+    with pytest.raises(nbhw.UserError, match="valid: target, tp_size, dtype, attn_implementation"):
         ServeForm.form_words({"batch": 4})
     with pytest.raises(TypeError, match="the Serve mode has no control 'reserve'"):
         ServeForm.of(tiny, reserve="0")
@@ -95,6 +95,7 @@ def test_every_dropdown_offers_what_a_serving_plan_takes() -> None:
             assert ServeForm.options(name), name
     assert [o.value for o in ServeForm.options("dtype")] == ["auto", "float32", "float16", "bfloat16"]
     assert [o.value for o in ServeForm.options("compile_level")] == [None, "0", "1", "2", "3"]
+    assert [o.value for o in ServeForm.options("tp_size")] == [None, "1", "2", "4", "8"]
     assert [o.value for o in ServeForm.options("attn_implementation")][:3] == [None, "sdpa", "eager"]
     targets = [o.value for o in ServeForm.options("target")]
     assert targets[0] is None and "T4" in targets and "8x H100 SXM" in targets
@@ -110,7 +111,10 @@ def test_the_preview_is_the_serving_plan_or_one_line(tiny: str) -> None:
     assert found.plan.text() == plan.text()
     mistakes = [({"memory_percent": "1.5"}, "memory_percent 1.5 is out of range; valid: a fraction in (0, 1]"),
                 ({"prompt": "10", "answer": None}, "prompt and answer describe a typical request together"),
-                ({"compile_level": "x"}, "compile_level 'x' is not valid; valid: 0, 1, 2, 3")]  # fmt: skip
+                ({"compile_level": "x"}, "compile_level 'x' is not valid; valid: 0, 1, 2, 3"),
+                ({"tp_size": "two"}, "tp_size 'two' is not a number of devices; valid: a whole number"),
+                ({"tp_size": "2", "device_memory": None, "target": "T4"},
+                 "tp_size 2 needs 2 devices; target='T4' has 1; valid: 1 to 1")]  # fmt: skip
     for words, message in mistakes:
         bad = serve_form.preview(ServeForm.of(tiny, **{**ASKED, **words}))
         assert bad.error is not None and bad.error.startswith(message) and "\n" not in bad.error, bad.error
@@ -139,6 +143,11 @@ def test_serve_mode_shows_the_serving_plans_figures_and_cell(view: LoadView, wor
     shown.control("attn_implementation").value = "eager"
     settle(worker)
     assert_shows(shown, serving(tiny, compile_level=2, attn_implementation="eager"))
+    shown.control("tp_size").value = "2"  # two ranks of the device_memory: the model's own TP plan, each its share
+    settle(worker)
+    assert_shows(shown, serving(tiny, compile_level=2, attn_implementation="eager", tp_size=2))
+    assert "tensor parallel" in text_of(shown.report.value) and "torchrun --nproc_per_node=2" in shown.code.code
+    shown.control("tp_size").value = None
     shown.control("device_memory").value = "400MiB"  # less than the weights and the reserve: no cache, said
     settle(worker)
     small = serving(tiny, compile_level=2, attn_implementation="eager", device_memory="400MiB")
@@ -226,7 +235,7 @@ def test_panel_task_serve_mistakes_are_one_line_user_errors_and_its_text_is_the_
         with pytest.raises(nbhw.UserError) as err:
             nbhw.panel(tiny, task="serve", **words)
         assert str(err.value).startswith(message) and "\n" not in str(err.value)
-    with pytest.raises(nbhw.UserError, match="valid: target, dtype"):
+    with pytest.raises(nbhw.UserError, match="valid: target, tp_size, dtype"):
         nbhw.panel(tiny, task="serve", reserve=0)  # a serving word without a control: the answer, not the panel
     with pytest.raises(nbhw.UserError, match="memory_percent is for task='serve'"):
         nbhw.panel(tiny, memory_percent=0.9)

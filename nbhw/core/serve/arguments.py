@@ -61,6 +61,24 @@ SERVED_ATTENTION = ("sdpa", "eager", "flash_attention_2", "flash_attention_3")
 SERVED_ON = ("cuda", "xpu", "hpu", "mps")
 
 
+TP_SIZES = (1, 2, 4, 8)  # what the Serve mode's dropdown offers; any whole number of devices is taken as a word
+
+
+def check_tp_size(value: Any) -> int | None:
+    """``tp_size``: tensor-parallel ranks, one device each (the model's own TP plan, ``tp_plan="auto"``)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserError(f"tp_size {value!r} is not a number of devices; valid: a whole number of at least 1, e.g. 2")
+    return value
+
+
+def tp_size_from_text(text: str) -> int:
+    if not text.strip().isdigit():
+        raise UserError(f"tp_size {text!r} is not a number of devices; valid: a whole number of at least 1, e.g. 2")
+    return int(text)
+
+
 def check_compile_level(value: Any) -> int | None:
     if value is None:
         return None
@@ -81,6 +99,11 @@ class ServeArgs:
     ``transformers serve --continuous-batching``), checked."""
 
     target: Target | None = argument(**TARGET, control="dropdown")
+    tp_size: int | None = argument(
+        metavar="DEVICES", parse=tp_size_from_text, check=check_tp_size, control="dropdown",
+        help="tensor-parallel ranks (tp_plan='auto' under torchrun), one device each (default: every card of a "
+        "target whose heads split over them, else 1)",
+    )  # fmt: skip
     dtype: str = argument(**DTYPE, default="auto", control="dropdown")
     attn_implementation: str | None = argument(
         metavar="IMPL", aliases=("--attn",), check=check_attn, control="dropdown",
@@ -144,6 +167,9 @@ def serve_args(**values: Any) -> ServeArgs:
                         f"{', '.join(SERVED_ON)} targets (or this machine)")  # fmt: skip
     if found.target is not None and found.device_memory is not None:
         raise UserError("target and device_memory both set the memory to plan for; give one")
+    if found.target is not None and found.tp_size is not None and found.tp_size > found.target.count:
+        raise UserError(f"tp_size {found.tp_size} needs {found.tp_size} devices; target={found.target.text!r} has "
+                        f"{found.target.count}; valid: 1 to {found.target.count}")  # fmt: skip
     if (found.prompt is None) != (found.answer is None):
         raise UserError("prompt and answer describe a typical request together; give both, e.g. 512 and 256")
     return found

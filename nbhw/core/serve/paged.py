@@ -57,6 +57,7 @@ class Paged:
     mask_bytes: int  # the attention masks (none for flash attention)
     fixed_bytes: int  # the trash sectors and, with logits_to_keep, the LM head rows of a batch
     cache: Any  # the PagedAttentionCache itself (meta tensors): its allocators count requests
+    ranks: int = 1  # tensor-parallel ranks: each holds these pages for its share of the key/value heads
 
 
 @contextlib.contextmanager
@@ -109,23 +110,69 @@ def resolved(model: Any, cb_config: Any, device: Device, attention: str) -> Any:
         )  # fmt: skip
 
 
-def paged(model: Any, config: Any, device: Device, attention: str) -> Paged:
-    """The PagedAttentionCache transformers makes for ``model`` with the resolved ``config`` on ``device``."""
-    from transformers.generation.continuous_batching.cache import PagedAttentionCache, PagedAttentionMemoryHandler
+@dataclass(frozen=True)
+class Ranks:
+    """Tensor-parallel serving: how many ranks, and the model's TP plan they shard by (1 and no plan: none)."""
+
+    size: int = 1
+    tp_plan: tuple[tuple[str, str], ...] = ()
+
+
+def _helper(ranks: Ranks) -> Any:
+    """transformers' DistributedHelper as rank 0 of ``ranks`` sees it. The group is faked at its one collective:
+    the ranks plan the same memory on the same card (rank 0 holds the most weights, torch's sharding), so the
+    minimum across them that the cache takes is rank 0's own."""
     from transformers.generation.continuous_batching.distributed import DistributedHelper
 
-    helper = DistributedHelper(device_mesh=None, cpu_group_timeout=None)
+    helper = DistributedHelper(device_mesh=None, cpu_group_timeout=None, tp_plan=dict(ranks.tp_plan))
+    if ranks.size > 1:
+        helper.tp_size = ranks.size
+        helper.tp_all_reduce_min = lambda value, on_cpu=False: value
+    return helper
+
+
+@contextlib.contextmanager
+def _read_back_on_cpu(ranks: Ranks) -> Iterator[None]:
+    """Under tensor parallelism the cache reads its size back from a tensor made on its own device
+    (``torch.tensor([...], device=...).item()`` after the min-reduce); on meta that tensor has no value, so it is
+    made on the CPU (two integers; every other tensor stays on meta)."""
+    import torch  # lazy: import nbhw and %load_ext nbhw stay free of torch
+    from torch.overrides import TorchFunctionMode
+
+    if ranks.size == 1:
+        yield
+        return
+
+    class ValuesOnCpu(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = dict(kwargs or {})
+            if func is torch.tensor and str(kwargs.get("device")) == "meta":
+                kwargs["device"] = "cpu"
+            return func(*args, **kwargs)
+
+    with ValuesOnCpu():
+        yield
+
+
+def paged(model: Any, config: Any, device: Device, attention: str, ranks: Ranks | None = None) -> Paged:
+    """The PagedAttentionCache transformers makes for ``model`` with the resolved ``config`` on ``device`` (on each
+    of ``ranks`` tensor-parallel ranks: their share of the heads)."""
+    from transformers.generation.continuous_batching.cache import PagedAttentionCache, PagedAttentionMemoryHandler
+
+    ranks = ranks or Ranks()
+    helper = _helper(ranks)
     keep = getattr(model, "_supports_logits_to_keep", None)
     keeps = callable(keep) and bool(keep())
     text = served_config(model, attention)
-    with _as_if(device):
+    split = {"kv_tp_size": ranks.size} if ranks.size > 1 and helper.are_kv_heads_tp_ed() else {}
+    with _as_if(device), _read_back_on_cpu(ranks):
         cache = PagedAttentionCache(text, config, device="meta", distributed_helper=helper, dtype=model.dtype,
                                     model_supports_logits_to_keep=keeps)  # fmt: skip
         handler = PagedAttentionMemoryHandler(
             config=text, cb_config=config, dtype=model.dtype, bytes_per_sector=cache.bytes_per_sector,
             tokens_per_sector=cache.tokens_per_sector,
             bytes_per_block=sum(a.bytes_per_block for a in cache.cache_allocators.values()),
-            attn_types=list(cache.cache_allocators), model_supports_logits_to_keep=keeps,
+            attn_types=list(cache.cache_allocators), model_supports_logits_to_keep=keeps, **split,
         )  # fmt: skip
     pools = tuple(
         Pool(name, len(a.layer_indices), int(a.tokens_per_page), getattr(a, "sliding_window", None))
@@ -139,7 +186,7 @@ def paged(model: Any, config: Any, device: Device, attention: str) -> Paged:
         max_batch_tokens=int(cache.max_batch_tokens),
         batch_bytes=int(cache.max_batch_tokens) * int(handler.bytes_per_batch_token),
         mask_bytes=int(handler.attention_mask_bytes(int(cache.max_batch_tokens), sectors)),
-        fixed_bytes=int(handler.fixed_overhead_bytes), cache=cache,
+        fixed_bytes=int(handler.fixed_overhead_bytes), cache=cache, ranks=ranks.size,
     )  # fmt: skip
 
 

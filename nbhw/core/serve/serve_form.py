@@ -18,7 +18,7 @@ from nbhw.core.control_form import ControlsForm, FormPreview, controls_of
 from nbhw.core.dtypes import OFFERED
 from nbhw.core.hardware.targets import target_of
 from nbhw.core.plan.load_form import Option, target_options
-from nbhw.core.serve.arguments import COMPILE_LEVELS, SERVE_ARGUMENTS, SERVED_ATTENTION, SERVED_ON
+from nbhw.core.serve.arguments import COMPILE_LEVELS, SERVE_ARGUMENTS, SERVED_ATTENTION, SERVED_ON, TP_SIZES
 from nbhw.core.serve.serve_plan import ServePlan, serve_plan
 
 # The declared serving arguments the Serve mode shows a control for, by name.
@@ -46,6 +46,10 @@ def _attention_options() -> list[Option]:
     return [Option(None, "default (the model's own, usually sdpa)"), *(Option(a, a) for a in SERVED_ATTENTION)]
 
 
+def _tp_options() -> list[Option]:
+    return [Option(None, "default (every card of the target, else 1)"), *(Option(str(n), str(n)) for n in TP_SIZES)]
+
+
 def _compile_options() -> list[Option]:
     return [Option(None, "default (0: no compile)"), *(Option(str(n), str(n)) for n in COMPILE_LEVELS)]
 
@@ -53,6 +57,7 @@ def _compile_options() -> list[Option]:
 # The dropdowns whose entries are not their declared choices, by argument name.
 SERVE_OPTIONS: dict[str, Callable[[], list[Option]]] = {
     "target": _target_options,
+    "tp_size": _tp_options,
     "dtype": _dtype_options,
     "attn_implementation": _attention_options,
     "compile_level": _compile_options,

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import ast
 import inspect
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nbhw.core import render
 from nbhw.core.argument import signature
 from nbhw.core.errors import UserError
+from nbhw.core.hf import tensor_parallel
 from nbhw.core.plan import codegen, run_plan, run_search
 from nbhw.core.plan.load_plan import LoadPlan, plan
 from nbhw.core.plan.placement import live_memory
@@ -41,6 +42,21 @@ class Requests:
     together: paged.Together | None = None
 
 
+@dataclass(frozen=True)
+class Parallel:
+    """Tensor-parallel serving as planned: the ranks (one device each), why that many, and what one rank holds of
+    the weights under transformers' own TP sharding (None: one device holds them all)."""
+
+    ranks: paged.Ranks = field(default_factory=paged.Ranks)
+    why: str = ""
+    rank_weights: int | None = None
+    whole_weights: int | None = None
+
+    @property
+    def size(self) -> int:
+        return self.ranks.size
+
+
 @dataclass
 class ServePlan(render.Shown):
     """The serving plan: the device, the resolved continuous batching config, the paged cache and the requests."""
@@ -56,6 +72,7 @@ class ServePlan(render.Shown):
     full: Requests | None
     typical: Requests | None
     longest: int | None
+    parallel: Parallel = field(default_factory=Parallel)
 
     # ------------------------------------------------------------ what transformers decided
 
@@ -114,15 +131,23 @@ class ServePlan(render.Shown):
         """The cell: from_pretrained as the load plan writes it, then a continuous batching manager made with the
         config (``init_continuous_batching``: what a server makes, sized without a workload's hints, as planned) fed
         as many full-length requests as fit."""
-        load = self.load
-        # device_memory says what the device has: it bounds nothing from_pretrained places (no max_memory)
-        kwargs = [(k, v) for k, v in load.arguments.kwargs if k != "max_memory"]
+        load, ranks = self.load, self.parallel.size
+        # device_memory says what the device has: it bounds nothing from_pretrained places (no max_memory); under
+        # tensor parallelism each process takes its own device (no device_map)
+        dropped = ("max_memory", "device_map") if ranks > 1 else ("max_memory",)
+        kwargs = [(k, v) for k, v in load.arguments.kwargs if k not in dropped]
+        tp = ["DistributedConfig"] if ranks > 1 else []
+        if ranks > 1:
+            kwargs.append(("distributed_config", 'DistributedConfig(tp_plan="auto")'))
         call = codegen.assignment("model", f"{load.auto_class}.from_pretrained", "model_id", kwargs)
-        names = sorted({load.auto_class, "AutoTokenizer", "ContinuousBatchingConfig", "GenerationConfig",
+        names = sorted({load.auto_class, "AutoTokenizer", "ContinuousBatchingConfig", "GenerationConfig", *tp,
                         *load.arguments.names})  # fmt: skip
+        launch = [f"# serve.py, run as: {self.torchrun} (one process per device)"] if ranks > 1 else []
+        wait = " if manager.is_tp_driver else []" if ranks > 1 else ""  # the driver rank gets the results
         answer = self.args.answer or max(self.load.context // 2, 1)
         cb = ", ".join(f"{k}={v}" for k, v in self.cb_keywords)
         lines = [
+            *launch,
             *(["import torch"] if load.arguments.needs_torch else []),
             f"from transformers import {', '.join(names)}", *load.arguments.imports, "",
             f"model_id = {py_str(self.model)}", "tokenizer = AutoTokenizer.from_pretrained(model_id)", call, "",
@@ -133,7 +158,7 @@ class ServePlan(render.Shown):
             "manager.start()",
             f"prompts = [\"Hello, my name is\"] * {self.requests_in_cell}",
             "manager.add_requests([tokenizer(p)[\"input_ids\"] for p in prompts])",
-            "results = [manager.get_result(timeout=600) for _ in prompts]",
+            f"results = [manager.get_result(timeout=600) for _ in prompts]{wait}",
             "manager.stop(block=True)",
         ]  # fmt: skip
         source = "\n".join(lines) + "\n"
@@ -155,11 +180,18 @@ class ServePlan(render.Shown):
                 "imports, and its block tables then take a little of the cache (unknown here)")  # fmt: skip
 
     @property
+    def torchrun(self) -> str:
+        return f"torchrun --nproc_per_node={self.parallel.size} serve.py"
+
+    @property
     def command(self) -> str:
-        """The same setup as ``transformers serve --continuous-batching`` (the flags its installed CLI takes)."""
+        """The same setup as ``transformers serve --continuous-batching`` (the flags its installed CLI takes); under
+        tensor parallelism, the cell launched by torchrun when the installed CLI takes no tensor-parallel flag."""
         from transformers.cli.serve import Serve  # lazy: import nbhw and %load_ext nbhw stay free of transformers
 
         takes = set(inspect.signature(Serve.__init__).parameters)
+        if self.parallel.size > 1 and not any(name.startswith("tp_") or "parallel" in name for name in takes):
+            return f"{self.torchrun}  # the cell above; transformers serve takes no tensor-parallel flag"
         flags = ["--continuous-batching", f"--force-model {self.model}"]
         wanted = {"attn_implementation": self.load.args.attn_implementation, "dtype": self.args.dtype,
                   "cb_max_memory_percent": self.args.memory_percent, "cb_block_size": self.args.page_size,
@@ -176,10 +208,18 @@ class ServePlan(render.Shown):
         found = self.paged
         out = [("device", f"{self.device_name}: {size(self.device.total)} ({self.memory_source})"),
                ("weights + reserve", f"{size(self.device.held)} held before the cache")]  # fmt: skip
-        cards = self.args.target.cards if self.args.target is not None else 1
-        if cards > 1:  # continuous batching runs one copy of the model per device, or tensor parallel (not planned)
-            out.insert(1, ("cards", f"one of the {cards}: the figures are one card's; tensor parallelism across "
-                                    "them (tp_plan='auto') is not planned"))  # fmt: skip
+        tp = self.parallel
+        if tp.size > 1 and tp.rank_weights is not None:
+            out[1] = (
+                "weights + reserve",
+                f"{size(self.device.held)} held on each rank before the cache: "
+                f"{size(tp.rank_weights)} of the {size(tp.whole_weights or 0)} weights (rank 0's share)",
+            )
+            out.insert(1, ("tensor parallel", f"{tp.size} ranks, tp_plan='auto' ({tp.why}): each holds the same "
+                           f"pages for 1/{tp.size} of the key/value heads; transformers sizes every rank's cache "
+                           "by the smallest, and rank 0 holds the most weights"))  # fmt: skip
+        elif tp.why:
+            out.insert(1, ("cards", tp.why))
         if found is None:
             return [*out, ("cache", f"none: {self.problem}")]
         pools = "; ".join(
@@ -275,6 +315,7 @@ class ServePlan(render.Shown):
                 "held_bytes": self.device.held, "attention": self.attention, "cache": cache, "problem": self.problem,
                 "requests": None if self.full is None else asdict(self.full),
                 "typical": None if self.typical is None else asdict(self.typical), "longest": self.longest,
+                "tp_size": self.parallel.size, "rank_weight_bytes": self.parallel.rank_weights,
                 "code": self.code, "command": self.command}  # fmt: skip
 
 
@@ -293,12 +334,56 @@ def _load_plan(model: str | Path | None, args: ServeArgs, offline: bool) -> Load
     return plan(model, offline=offline, device_map=device, **values)
 
 
-def _device(load: LoadPlan, args: ServeArgs) -> tuple[paged.Device, str, str]:
+def _parallel(load: LoadPlan, args: ServeArgs) -> Parallel:
+    """How many tensor-parallel ranks: ``tp_size``, else every card of a target whose heads split over them (else
+    one, saying why); and what rank 0 holds of the weights under transformers' own sharding, on meta."""
+    cards = args.target.count if args.target is not None else 1
+    size, why = args.tp_size, "yours"
+    if size is None and cards > 1:
+        problems = tensor_parallel.tp_problems(load.config.config, cards) if load.config.available else ["unknown"]
+        if problems:
+            return Parallel(why=f"one of the {cards}: the figures are one card's; tensor parallelism across them: "
+                            f"{problems[0]}")  # fmt: skip
+        size, why = cards, "every card of the target; tp_size=1 plans one"
+    if size is None or size == 1:
+        return Parallel(why=f"one of the {cards}: tp_size 1" if cards > 1 else "")
+    _check_ranks_here(load, args, size)
+    if not load.config.available or load.meta_model is None:
+        raise UserError(f"serve: tp_size {size} needs the model's config to shard; it is not available")
+    problems = tensor_parallel.tp_problems(load.config.config, size)
+    if problems:
+        raise UserError(f"serve: {problems[0]}")
+    if getattr(load.config.config, "quantization_config", None) is not None:
+        raise UserError("serve: tensor-parallel serving of a pre-quantized checkpoint is not planned; tp_size 1")
+    with tensor_parallel.fake_world(size):
+        model = tensor_parallel.tp_sharded(load.config.config, load.meta_model.dtype, size)
+        weights = tensor_parallel.rank_bytes(model)
+        plan = tuple(sorted(dict(getattr(model, "tp_plan", None) or {}).items()))
     placement = load.weight_placement
-    if placement is None or placement.kind in ("none", "too_big"):
+    whole = placement.devices[0].bytes if placement is not None and placement.devices else None
+    return Parallel(paged.Ranks(size, plan), why, weights, whole)
+
+
+def _check_ranks_here(load: LoadPlan, args: ServeArgs, size: int) -> None:
+    """``tp_size`` on this machine needs as many accelerators (device_memory names each rank's device instead)."""
+    if args.target is not None or args.device_memory is not None:
+        return
+    here = sum(1 for key in load.live.max_memory if isinstance(key, int))
+    if here < size:
+        raise UserError(f"tp_size {size} needs {size} devices; this machine has {here} accelerator(s); valid: 1"
+                        f"{f' to {here}' if here > 1 else ''}, or a target (e.g. target='{size}x H100') or "
+                        "device_memory (each rank's device)")  # fmt: skip
+
+
+def _device(load: LoadPlan, args: ServeArgs, parallel: Parallel) -> tuple[paged.Device, str, str]:
+    placement = load.weight_placement
+    sharded = parallel.rank_weights is not None
+    if placement is None or placement.kind == "none" or (placement.kind == "too_big" and not sharded):
         why = placement.verdict if placement is not None else "no placement (the config is not available)"
         raise UserError(f"serve: the weights do not fit the device: {why}")
     share = placement.devices[0]
+    if parallel.rank_weights is not None:
+        return _rank_device(load, args, parallel, parallel.rank_weights)
     backend = run_plan.backend_of(share.key, load)
     if backend == "cpu" and args.device_memory is None and _cpu_only_torch():
         return _this_cpu(share.bytes), share.device, "this machine's RAM as transformers reads it (total, this RSS)"
@@ -308,6 +393,25 @@ def _device(load: LoadPlan, args: ServeArgs) -> tuple[paged.Device, str, str]:
                           backend in GRAPH_BACKENDS)  # fmt: skip
     given = args.device_memory is not None  # passed to the load plan as its max_memory, but the user said device_memory
     return device, share.device, "the device_memory you gave" if given else placement.budget_source
+
+
+def _rank_device(load: LoadPlan, args: ServeArgs, parallel: Parallel, weights: int) -> tuple[paged.Device, str, str]:
+    """Rank 0's device under tensor parallelism: one card's memory, its share of the weights and the reserve."""
+    placement = load.weight_placement
+    assert placement is not None
+    share = placement.devices[0]
+    backend = run_plan.backend_of(share.key, load)
+    reserve = run_plan.reserve(share.key, load)
+    total = share.budget if share.budget is not None else 0
+    held = weights + (reserve.bytes if reserve else 0)
+    if held >= total:
+        raise UserError(f"serve: the weights do not fit: each of the {parallel.size} ranks holds "
+                        f"{render.size(weights)} of them and the reserve, {render.size(total)} per device; a larger "
+                        "tp_size or a bigger card")  # fmt: skip
+    device = paged.Device(TRANSFORMERS_KIND.get(backend, backend), total, held, backend in GRAPH_BACKENDS)
+    name = f"{parallel.size} ranks like {share.device} (tensor parallel)"
+    given = args.device_memory is not None
+    return device, name, "the device_memory you gave, each rank's" if given else placement.budget_source
 
 
 def _cpu_only_torch() -> bool:
@@ -345,7 +449,9 @@ def served_attention(load: LoadPlan) -> str:
     return "paged|eager" if asked == "eager" else asked
 
 
-def _made(load: LoadPlan, args: ServeArgs, device: paged.Device) -> tuple[paged.Paged | None, str | None]:
+def _made(
+    load: LoadPlan, args: ServeArgs, device: paged.Device, ranks: paged.Ranks
+) -> tuple[paged.Paged | None, str | None]:
     """transformers' resolved config and paged cache (a refusal of a value is a UserError; no room is a problem)."""
     model, served = load.meta_model, served_attention(load)
     if model is None:
@@ -357,7 +463,7 @@ def _made(load: LoadPlan, args: ServeArgs, device: paged.Device) -> tuple[paged.
     except (AttributeError, ImportError, TypeError) as exc:  # another release's continuous batching
         return None, f"unknown: this transformers' continuous batching is not the one nbhw reads ({exc!r})"
     try:
-        return paged.paged(model, config, device, served), None
+        return paged.paged(model, config, device, served, ranks), None
     except (AttributeError, ImportError, TypeError) as exc:
         return None, f"unknown: this transformers' paged cache is not the one nbhw reads ({exc!r})"
     except (ValueError, MemoryError) as exc:
@@ -374,8 +480,9 @@ def serve_plan(model: str | Path | None = None, *, offline: bool = False, **valu
     """
     args = serve_args(**values)
     load = _load_plan(model, args, offline)
-    device, name, source = _device(load, args)
-    found, problem = _made(load, args, device)
+    parallel = _parallel(load, args)
+    device, name, source = _device(load, args, parallel)
+    found, problem = _made(load, args, device, parallel.ranks)
     full = typical = longest = None
     if found is not None:
         full = Requests(load.context, paged.requests_held(found, load.context))
@@ -387,7 +494,7 @@ def serve_plan(model: str | Path | None = None, *, offline: bool = False, **valu
             typical = Requests(length, held, together)
         limit = run_search.context_limit(load.config.config) if load.config.available else load.context
         longest = paged.longest_request(found, min(limit, run_search.NO_LIMIT))
-    return ServePlan(load.model, args, load, device, name, source, found, problem, full, typical, longest)
+    return ServePlan(load.model, args, load, device, name, source, found, problem, full, typical, longest, parallel)
 
 
 serve_plan.__signature__ = signature(serve_plan, SERVE_ARGUMENTS, keep=("model", "offline"))  # type: ignore[attr-defined]

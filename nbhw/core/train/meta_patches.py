@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
 from nbhw.core.hf import dryrun
+from nbhw.core.hf.tensor_parallel import PATCH_LOCK
 
 
 class _NoHook:
@@ -94,9 +94,6 @@ def recompute_contexts(target: str) -> tuple[Any, Any]:
 def _recompute_routing(target: str) -> Iterator[None]:
     with dryrun.attention_as_on(target), grouped_mm_as_on_device():
         yield
-
-
-PATCH_LOCK = threading.RLock()
 
 
 @contextlib.contextmanager

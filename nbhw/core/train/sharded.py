@@ -4,35 +4,17 @@ parallel and FSDP2 applied by torch's and transformers' own code, and the plans 
 from __future__ import annotations
 
 import contextlib
-import copy
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from nbhw.core.errors import UserError
+from nbhw.core.hf import tensor_parallel
+from nbhw.core.hf.tensor_parallel import PATCH_LOCK
 from nbhw.core.train.arguments import TrainArgs
-from nbhw.core.train.meta_patches import PATCH_LOCK, quiet_tracking, snapshot, tracker_class
+from nbhw.core.train.meta_patches import quiet_tracking, snapshot, tracker_class
 from nbhw.core.train.training_build import linear_layer_names, prepare_for_training, torch_dtype
-
-
-@contextlib.contextmanager
-def fake_world(world_size: int) -> Iterator[None]:
-    """torch's fake process group of ``world_size`` ranks in this one process (no communication happens).
-
-    The default process group is process-wide: refuse when a real one is already up (e.g. inside torchrun).
-    """
-    import torch.distributed as dist  # lazy: import nbhw stays free of torch
-    from torch.testing._internal.distributed.fake_pg import FakeStore  # lazy: import nbhw stays free of torch
-
-    if dist.is_initialized():
-        raise RuntimeError("a process group is already initialized here; plan sharded strategies in a fresh process")
-    with PATCH_LOCK:
-        dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
-        try:
-            yield
-        finally:
-            dist.destroy_process_group()
 
 
 @contextlib.contextmanager
@@ -63,52 +45,20 @@ def global_shapes_uncounted() -> Iterator[None]:
 
 
 def tp_problems(config: Any, world_size: int) -> list[str]:
-    """What stops tensor parallelism at this size, in transformers' own terms.
-
-    transformers 5.24 shards a colwise projection unevenly when its size is not a multiple of the TP size
-    (``_from_local_last_dim_shard``) and only checks head counts for generation caches
-    (``get_kv_heads_per_rank``); a rank holding part of a head breaks attention's reshape. So the heads are
-    checked here with transformers' own rule, on the attention and the key/value heads.
-    """
-    import transformers  # lazy: import nbhw stays free of transformers
-    from transformers.distributed.tensor_parallel import (
-        get_kv_heads_per_rank,
-    )  # lazy: import nbhw stays free of transformers
-
-    cls = transformers.AutoModelForCausalLM._model_mapping[type(config)]
-    text = config.get_text_config()
-    plan = dict(getattr(text, "base_model_tp_plan", None) or {})
-    if not plan:
-        return [f"{cls.__name__} has no tensor-parallel plan (config.base_model_tp_plan); use fsdp2 or zero3"]
-    problems = []
-    for what in ("num_attention_heads", "num_key_value_heads"):
-        heads = getattr(text, what, None)
-        if heads is not None and get_kv_heads_per_rank(plan, heads, world_size) is None:
-            valid = [n for n in range(2, int(heads) + 1) if int(heads) % n == 0]
-            problems.append(
-                f"tensor parallelism over {world_size} devices needs {what}={heads} to divide evenly; "
-                f"TP sizes that do: {', '.join(map(str, valid))}"
-            )
-    return problems
+    """What stops training with tensor parallelism at this size (transformers' own rules)."""
+    return tensor_parallel.tp_problems(config, world_size, otherwise="use fsdp2 or zero3")
 
 
 def tp_model(config: Any, args: TrainArgs, world_size: int) -> Any:
     """The model under transformers' own TP sharding (prepare_distribute_model / maybe_distribute_model, what
     from_pretrained(distributed_config=...) applies before loading), on meta, then LoRA / checkpointing."""
-    import torch  # lazy: import nbhw stays free of torch
-    import transformers  # lazy: import nbhw stays free of transformers
-    from transformers import DistributedConfig  # lazy: import nbhw stays free of transformers
 
     if args.method == "qlora":
         raise UserError(
             "qlora with tensor parallelism is not planned (bitsandbytes 4-bit weights are not sharded by "
             "the TP plan); use ddp"
         )
-    cls = transformers.AutoModelForCausalLM._model_mapping[type(config)]
-    dist_config, _, mesh = cls.prepare_distribute_model(DistributedConfig(tp_plan="auto", tp_size=world_size))
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), dtype=torch_dtype(args.dtype))
-    model = cls.maybe_distribute_model(model, dist_config, mesh)
+    model = tensor_parallel.tp_sharded(config, torch_dtype(args.dtype), world_size)
     model = prepare_for_training(model, args, meta=True)
     _check_row_wise_lora(model, config)
     return model
@@ -134,7 +84,7 @@ def _check_row_wise_lora(model: Any, config: Any) -> None:
                 refused[name.rsplit(".", 1)[-1]] = (int(adapter.in_features), whole)
     if not refused:
         return
-    plan = dict(getattr(config.get_text_config(), "base_model_tp_plan", None) or {})
+    plan = tensor_parallel.tp_plan_of(config)
     linear = set(linear_layer_names(model))
     column = sorted({key.rsplit(".", 1)[-1] for key, style in plan.items() if style == "colwise"} & linear)
     layers = ", ".join(f"{n} ({a} of {b} inputs)" for n, (a, b) in sorted(refused.items()))

@@ -32,6 +32,7 @@ from typing import Any
 
 from nbhw.core.cache import Recent
 from nbhw.core.hf.depth import decoder_layers, layer_signature
+from nbhw.core.hf.tensor_parallel import fake_world
 from nbhw.core.train.arguments import TrainArgs
 from nbhw.core.train.meta_patches import (
     meta_step_context,
@@ -40,7 +41,7 @@ from nbhw.core.train.meta_patches import (
     snapshot,
     tracker_class,
 )
-from nbhw.core.train.sharded import Preparation, fake_world, fsdp2_model, global_shapes_uncounted, tp_model
+from nbhw.core.train.sharded import Preparation, fsdp2_model, global_shapes_uncounted, tp_model
 from nbhw.core.train.step_depth import Timeline, synthesize_peak, uniform_depth, with_depth
 from nbhw.core.train.training_build import (
     attention_target,
