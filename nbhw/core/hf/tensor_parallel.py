@@ -72,16 +72,23 @@ def tp_problems(config: Any, world_size: int, otherwise: str = "") -> list[str]:
 
 def tp_sharded(config: Any, dtype: Any, world_size: int) -> Any:
     """The model as rank 0 of ``world_size`` holds it under transformers' own TP sharding, on meta (inside
-    :func:`fake_world`): its parameters are DTensors whose local shards are that rank's."""
+    :func:`fake_world`): its parameters are DTensors whose local shards are that rank's.
+
+    In from_pretrained's order: the model is made with its weights untied (``initialization.no_tie_weights``: the
+    TP plan names a tied head's own weight), sharded, then tied again."""
     import torch  # lazy: import nbhw stays free of torch
     import transformers  # lazy: import nbhw stays free of transformers
     from transformers import DistributedConfig  # lazy: import nbhw stays free of transformers
+    from transformers import initialization  # lazy: import nbhw stays free of transformers
 
     cls = transformers.AutoModelForCausalLM._model_mapping[type(config)]
     dist_config, _, mesh = cls.prepare_distribute_model(DistributedConfig(tp_plan="auto", tp_size=world_size))
-    with torch.device("meta"):
+    untied = getattr(initialization, "no_tie_weights", contextlib.nullcontext)
+    with PATCH_LOCK, torch.device("meta"), untied():  # no_tie_weights patches PreTrainedModel for its block
         model = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), dtype=dtype)
-    return cls.maybe_distribute_model(model, dist_config, mesh)
+    model = cls.maybe_distribute_model(model, dist_config, mesh)
+    model.tie_weights()
+    return model
 
 
 def rank_bytes(model: Any) -> int:

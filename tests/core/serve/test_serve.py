@@ -279,22 +279,31 @@ def test_heads_that_do_not_split_keep_one_card_or_are_a_one_line_error() -> None
 
 
 @pytest.mark.slow
-def test_tensor_parallel_serving_matches_a_real_torchrun(tmp_path: Any) -> None:
-    """nbhw's cell for tp_size=2 run by torchrun on 2 CPU ranks (gloo): the model is really sharded by its TP plan,
-    each rank holds nbhw's share of the weights, and the cache transformers makes on each rank (its size the min
-    across them) has nbhw's sectors, bytes, blocks and batch tokens; every request is answered. The device is faked
-    at its one memory question with the rank's real loaded bytes (tests/support/serve_rank.py)."""
+def test_tensor_parallel_serving_matches_a_real_torchrun(folders: dict[str, str], tmp_path: Any) -> None:
+    """nbhw's cell for tp_size=2 of each family, run by torchrun on 2 CPU ranks (gloo): the model is really sharded
+    by its TP plan, each rank holds nbhw's share of the weights, and the cache transformers makes on each rank (its
+    size the min across them) has nbhw's sectors, bytes, blocks and batch tokens; every request is answered. The
+    device is faked at its one memory question with the rank's real loaded bytes (tests/support/serve_rank.py)."""
     words = {k: v for k, v in SMALL.items() if k not in ("prompt", "answer")}
-    plan = nbhw.plan(None, task="serve", tp_size=2, **{**words, "context": 32})
-    assert isinstance(plan, ServePlan) and plan.paged is not None and plan.full is not None
-    (tmp_path / "serve.py").write_text(plan.code)
-    rank = [str(ROOT / "tests" / "support" / "serve_rank.py"), str(tmp_path / "out"), "serve.py",
-            str(plan.device.total)]  # fmt: skip
-    code, ranks, stderr = two_ranks(tmp_path, rank, tmp_path / "out")
+    plans, runs = {}, []
+    for family in FAMILIES:
+        plan = nbhw.plan(folders[family], task="serve", tp_size=2, **{**words, "context": 32})
+        assert isinstance(plan, ServePlan) and plan.paged is not None and plan.full is not None, family
+        (tmp_path / f"{family}.py").write_text(plan.code)
+        plans[family] = plan
+        runs.append(f"{family}={family}.py={plan.device.total}")
+    code, ranks, stderr = two_ranks(tmp_path, [str(ROOT / "tests" / "support" / "serve_rank.py"), "out", *runs],
+                                    tmp_path / "out")  # fmt: skip
     assert code == 0 and len(ranks) == 2, stderr
-    for found in ranks:
-        assert found["sharded"] > 0 and found["held"] <= plan.device.held == plan.parallel.rank_weights
-        assert (found["sectors"], found["cache_bytes"], found["blocks"], found["max_batch_tokens"]) == (
-            plan.paged.sectors, plan.paged.cache_bytes, plan.paged.blocks, plan.paged.max_batch_tokens)  # fmt: skip
-    driver = ranks[0] if ranks[0]["rank"] == 0 else ranks[1]
-    assert driver["results"] == driver["answered"] == plan.full.held
+    for family, plan in plans.items():
+        assert plan.paged is not None and plan.full is not None
+        for found in (ranks[0][family], ranks[1][family]):
+            assert found["sharded"] > 0 and found["held"] <= plan.device.held == plan.parallel.rank_weights, family
+            assert (found["sectors"], found["cache_bytes"], found["blocks"], found["max_batch_tokens"]) == (
+                plan.paged.sectors,
+                plan.paged.cache_bytes,
+                plan.paged.blocks,
+                plan.paged.max_batch_tokens,
+            ), family
+        driver = next(r[family] for r in ranks if r[family]["rank"] == 0)
+        assert driver["results"] == driver["answered"] == plan.full.held, family
