@@ -58,16 +58,20 @@ def tp_problems(config: Any, world_size: int, otherwise: str = "") -> list[str]:
         instead = f"; {otherwise}" if otherwise else ""
         return [f"{cls.__name__} has no tensor-parallel plan (config.base_model_tp_plan){instead}"]
     text = config.get_text_config()
-    problems = []
-    for what in ("num_attention_heads", "num_key_value_heads"):
-        heads = getattr(text, what, None)
-        if heads is not None and get_kv_heads_per_rank(plan, heads, world_size) is None:
-            valid = [n for n in range(2, int(heads) + 1) if int(heads) % n == 0]
-            problems.append(
-                f"tensor parallelism over {world_size} devices needs {what}={heads} to divide evenly; "
-                f"TP sizes that do: {', '.join(map(str, valid))}"
-            )
-    return problems
+    heads = {what: int(getattr(text, what)) for what in ("num_attention_heads", "num_key_value_heads")
+             if isinstance(getattr(text, what, None), int)}  # fmt: skip
+
+    def splits(size: int, count: int) -> bool:
+        return get_kv_heads_per_rank(plan, count, size) is not None
+
+    uneven = [f"{what}={count}" for what, count in heads.items() if not splits(world_size, count)]
+    if not uneven:
+        return []
+    valid = [n for n in range(2, max(heads.values()) + 1) if all(splits(n, count) for count in heads.values())]
+    return [
+        f"tensor parallelism over {world_size} devices needs {' and '.join(uneven)} to divide evenly; TP sizes that "
+        f"do: {', '.join(map(str, valid)) or 'none'}"
+    ]
 
 
 def tp_sharded(config: Any, dtype: Any, world_size: int) -> Any:
@@ -78,8 +82,7 @@ def tp_sharded(config: Any, dtype: Any, world_size: int) -> Any:
     TP plan names a tied head's own weight), sharded, then tied again."""
     import torch  # lazy: import nbhw stays free of torch
     import transformers  # lazy: import nbhw stays free of transformers
-    from transformers import DistributedConfig  # lazy: import nbhw stays free of transformers
-    from transformers import initialization  # lazy: import nbhw stays free of transformers
+    from transformers import DistributedConfig, initialization  # lazy: import nbhw stays free of transformers
 
     cls = transformers.AutoModelForCausalLM._model_mapping[type(config)]
     dist_config, _, mesh = cls.prepare_distribute_model(DistributedConfig(tp_plan="auto", tp_size=world_size))

@@ -172,6 +172,9 @@ def test_the_plan_says_what_each_figure_is_and_writes_the_cell_and_command(folde
         ({"batch": 4}, "not for task='serve'"),
         ({"compile_level": 4}, "valid: 0, 1, 2, 3"),
         ({"target": "TPU v4"}, "a tpu device; a serving plan is made for cuda, xpu, hpu, mps targets"),
+        ({"tp_size": 0}, "tp_size 0 is not a number of devices; valid: a whole number of at least 1"),
+        ({"tp_size": 3, "target": "2x H100"}, "tp_size 3 needs 3 devices; target='2x H100 SXM' has 2; valid: 1 to 2"),
+        ({"tp_size": 3, "device_memory": "3MiB"}, "TP sizes that do: 2"),  # 4 heads, 2 key/value heads
     ],
 )
 def test_mistakes_are_one_line_errors(folders: dict[str, str], values: dict[str, Any], words: str) -> None:
@@ -274,7 +277,8 @@ def test_heads_that_do_not_split_keep_one_card_or_are_a_one_line_error() -> None
     eight = nbhw.plan(task="serve", target="8x H100", context=256)
     assert isinstance(eight, ServePlan) and eight.parallel.size == 1
     assert "tensor parallelism across them: tensor parallelism over 8 devices needs" in dict(eight.rows())["cards"]
-    with pytest.raises(UserError, match=r"^serve: tensor parallelism over 8 devices needs num_\w+=\d+ to divide"):
+    needs = "needs num_attention_heads=4 and num_key_value_heads=2 to divide evenly; TP sizes that do: 2$"
+    with pytest.raises(UserError, match=f"^serve: tensor parallelism over 8 devices {needs}"):
         nbhw.plan(task="serve", target="8x H100", context=256, tp_size=8)
 
 
