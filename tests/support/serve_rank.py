@@ -76,6 +76,7 @@ def main() -> None:
             "max_batch_tokens": int(cache.max_batch_tokens), "bytes_per_sector": int(cache.bytes_per_sector),
             "results": len(scope["results"]),
             "answered": sum(bool(r.generated_tokens) and not r.error for r in results),
+            "errors": sorted({str(r.error) for r in results if r.error})[:1],
         }  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{rank}.json").write_text(json.dumps(figures))
