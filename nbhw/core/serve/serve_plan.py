@@ -20,7 +20,7 @@ from nbhw.core.errors import UserError
 from nbhw.core.hf import tensor_parallel
 from nbhw.core.plan import codegen, run_plan, run_search
 from nbhw.core.plan.load_plan import LoadPlan, plan
-from nbhw.core.plan.placement import live_memory
+from nbhw.core.plan.placement import DeviceShare, live_memory
 from nbhw.core.render import py_literal, py_str
 from nbhw.core.serve import paged
 from nbhw.core.serve.arguments import SERVE_ARGUMENTS, ServeArgs, serve_args
@@ -348,20 +348,30 @@ def _parallel(load: LoadPlan, args: ServeArgs) -> Parallel:
     if size is None or size == 1:
         return Parallel(why=f"one of the {cards}: tp_size 1" if cards > 1 else "")
     _check_ranks_here(load, args, size)
-    if not load.config.available or load.meta_model is None:
-        raise UserError(f"serve: tp_size {size} needs the model's config to shard; it is not available")
-    problems = tensor_parallel.tp_problems(load.config.config, size)
-    if problems:
-        raise UserError(f"serve: {problems[0]}")
-    if getattr(load.config.config, "quantization_config", None) is not None:
-        raise UserError("serve: tensor-parallel serving of a pre-quantized checkpoint is not planned; tp_size 1")
-    with tensor_parallel.fake_world(size):
-        model = tensor_parallel.tp_sharded(load.config.config, load.meta_model.dtype, size)
-        weights = tensor_parallel.rank_bytes(model)
-        plan = tuple(sorted(dict(getattr(model, "tp_plan", None) or {}).items()))
+    ranks, weights = _sharded(load, size)
     placement = load.weight_placement
     whole = placement.devices[0].bytes if placement is not None and placement.devices else None
-    return Parallel(paged.Ranks(size, plan), why, weights, whole)
+    return Parallel(ranks, why, weights, whole)
+
+
+def _sharded(load: LoadPlan, size: int) -> tuple[paged.Ranks, int]:
+    """The model sharded over ``size`` ranks by its own TP plan (on meta, in a fake world): the ranks with that
+    plan, and the bytes of weights rank 0 holds; a model or a size transformers' rules refuse is a UserError."""
+    config, model = load.config.config if load.config.available else None, load.meta_model
+    if config is None or model is None:
+        raise UserError(f"serve: tp_size {size} needs the model's config to shard; it is not available")
+    problems = tensor_parallel.tp_problems(config, size)
+    if problems:
+        raise UserError(f"serve: {problems[0]}")
+    if getattr(config, "quantization_config", None) is not None:
+        raise UserError("serve: tensor-parallel serving of a pre-quantized checkpoint is not planned; tp_size 1")
+    try:
+        with tensor_parallel.fake_world(size):
+            sharded = tensor_parallel.tp_sharded(config, model.dtype, size)
+            plan = tuple(sorted(dict(getattr(sharded, "tp_plan", None) or {}).items()))
+            return paged.Ranks(size, plan), tensor_parallel.rank_bytes(sharded)
+    except RuntimeError as exc:  # a real process group is up here (inside torchrun): the fake one can't be made
+        raise UserError(f"serve: tp_size {size} is planned in a process without a process group: {exc}") from None
 
 
 def _check_ranks_here(load: LoadPlan, args: ServeArgs, size: int) -> None:
@@ -383,7 +393,7 @@ def _device(load: LoadPlan, args: ServeArgs, parallel: Parallel) -> tuple[paged.
         raise UserError(f"serve: the weights do not fit the device: {why}")
     share = placement.devices[0]
     if parallel.rank_weights is not None:
-        return _rank_device(load, args, parallel, parallel.rank_weights)
+        return _rank_device(load, args, parallel, share, placement.budget_source)
     backend = run_plan.backend_of(share.key, load)
     if backend == "cpu" and args.device_memory is None and _cpu_only_torch():
         return _this_cpu(share.bytes), share.device, "this machine's RAM as transformers reads it (total, this RSS)"
@@ -395,14 +405,14 @@ def _device(load: LoadPlan, args: ServeArgs, parallel: Parallel) -> tuple[paged.
     return device, share.device, "the device_memory you gave" if given else placement.budget_source
 
 
-def _rank_device(load: LoadPlan, args: ServeArgs, parallel: Parallel, weights: int) -> tuple[paged.Device, str, str]:
+def _rank_device(
+    load: LoadPlan, args: ServeArgs, parallel: Parallel, share: DeviceShare, source: str
+) -> tuple[paged.Device, str, str]:
     """Rank 0's device under tensor parallelism: one card's memory, its share of the weights and the reserve."""
-    placement = load.weight_placement
-    assert placement is not None
-    share = placement.devices[0]
     backend = run_plan.backend_of(share.key, load)
     reserve = run_plan.reserve(share.key, load)
     total = share.budget if share.budget is not None else 0
+    weights = parallel.rank_weights or 0
     held = weights + (reserve.bytes if reserve else 0)
     if held >= total:
         raise UserError(f"serve: the weights do not fit: each of the {parallel.size} ranks holds "
@@ -410,8 +420,7 @@ def _rank_device(load: LoadPlan, args: ServeArgs, parallel: Parallel, weights: i
                         "tp_size or a bigger card")  # fmt: skip
     device = paged.Device(TRANSFORMERS_KIND.get(backend, backend), total, held, backend in GRAPH_BACKENDS)
     name = f"{parallel.size} ranks like {share.device} (tensor parallel)"
-    given = args.device_memory is not None
-    return device, name, "the device_memory you gave, each rank's" if given else placement.budget_source
+    return device, name, "the device_memory you gave, each rank's" if args.device_memory is not None else source
 
 
 def _cpu_only_torch() -> bool:
