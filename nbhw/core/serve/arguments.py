@@ -25,15 +25,21 @@ def _tokens(what: str) -> Any:
     return lambda text: tokens(text, what)
 
 
-def check_optional_tokens(what: str) -> Any:
+def check_optional_count(what: str, noun: str = "a token count", example: int = 512) -> Any:
+    """The check of an optional whole number of at least 1 (``noun``: what it counts, in the message)."""
+
     def check(value: Any) -> int | None:
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise UserError(f"{what} {value!r} is not a token count; valid: a whole number of at least 1, e.g. 512")
+            raise UserError(f"{what} {value!r} is not {noun}; valid: a whole number of at least 1, e.g. {example}")
         return value
 
     return check
+
+
+def check_optional_tokens(what: str) -> Any:
+    return check_optional_count(what)
 
 
 def check_memory_percent(value: Any) -> float | None:
@@ -64,19 +70,12 @@ SERVED_ON = ("cuda", "xpu", "hpu", "mps")
 TP_SIZES = (1, 2, 4, 8)  # what the Serve mode's dropdown offers; any whole number of devices is taken as a word
 
 
-def check_tp_size(value: Any) -> int | None:
-    """``tp_size``: tensor-parallel ranks, one device each (the model's own TP plan, ``tp_plan="auto"``)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UserError(f"tp_size {value!r} is not a number of devices; valid: a whole number of at least 1, e.g. 2")
-    return value
+# ``tp_size``: tensor-parallel ranks, one device each (the model's own TP plan, ``tp_plan="auto"``)
+check_tp_size = check_optional_count("tp_size", "a number of devices", 2)
 
 
 def tp_size_from_text(text: str) -> int:
-    if not text.strip().isdigit():
-        raise UserError(f"tp_size {text!r} is not a number of devices; valid: a whole number of at least 1, e.g. 2")
-    return int(text)
+    return int(text) if text.strip().isdigit() else check_tp_size(text)  # a word that is not a count: its message
 
 
 def check_compile_level(value: Any) -> int | None:
