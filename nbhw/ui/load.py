@@ -23,9 +23,9 @@ from nbhw.core.cache import Recent
 from nbhw.core.errors import UserError
 from nbhw.core.fit.fit_form import fit_form
 from nbhw.core.hf import dryrun
-from nbhw.core.plan import headroom, load_form
-from nbhw.core.plan.load_form import CONTROLS, Choices, Form, Option, Preview, Unit
-from nbhw.core.plan.placement import DeviceShare
+from nbhw.core.plan import load_form
+from nbhw.core.plan.load_form import CONTROLS, Choices, Form, Option, Preview
+from nbhw.core.plan.plan_view import budget_html, coming, message_html, note_html, picture_html
 from nbhw.core.serve.serve_form import ServeForm
 from nbhw.core.train.train_form import TrainForm, task_options
 from nbhw.ui.codebox import codebox, highlight, quick_html
@@ -84,66 +84,6 @@ def clear_cache() -> None:
     _nearby.clear()
 
 
-# ---------------------------------------------------------------- HTML pieces
-
-
-def device_colors(devices: list[str]) -> dict[str, str]:
-    """Each device's colour (the same as in the memory graph), in the order given."""
-    return {device: render.device_color(device) for device in dict.fromkeys(devices)}
-
-
-def picture_html(preview: Preview, *, run: bool = True) -> str:
-    """The placement as a row of blocks in model order (decoder layers tall), coloured by device, with a legend;
-    its title is the verdict (``run=False``: the weights' verdict, the run's still to come)."""
-    blocks: list[Unit] = preview.units
-    if not blocks:
-        return ""
-    colors = device_colors([u.device for u in blocks])
-    cells = "".join(
-        f'<span data-device="{render.esc(u.device)}" title="{render.esc(u.name)} → {render.esc(u.device)} '
-        f'({render.size(u.bytes)})" style="height:{28 if u.layer else 14}px;background:{colors[u.device]}"></span>'
-        for u in blocks
-    )
-    legend = []
-    for device, color in colors.items():
-        mine = [u for u in blocks if u.device == device]
-        layers = sum(u.layer for u in mine)
-        what = f"{layers} layer{'s' if layers != 1 else ''}" + (
-            f" + {len(mine) - layers} other" if len(mine) > layers else ""
-        )
-        size = render.size(sum(u.bytes for u in mine))
-        legend.append(f'<span class="swatch" style="background:{color}"></span>{render.esc(device)}: {what}, {size}')
-    verdict = preview.verdict if run else preview.weight_verdict
-    return (
-        f'<div class="nbhw-placement"><b>Placement: {render.esc(verdict)}</b>'
-        f'<div class="nbhw-placement-blocks">{cells}</div>'
-        f'<div class="nbhw-placement-legend nbhw-note">{"".join(legend)}</div></div>'
-    )
-
-
-def note_html(text: str, bad: bool = False) -> str:
-    """A short note beside a control."""
-    return f'<span class="nbhw-note{" nbhw-bad" if bad else ""}">{render.esc(text)}</span>'
-
-
-def message_html(preview: Preview, choices: Choices | None) -> str:
-    """The line above the code: the mistake in an entry, or what the dry run says."""
-    if preview.error is not None:
-        return f'<span class="nbhw-message nbhw-bad">✗ {render.esc(preview.error)}</span>'
-    extra = f" ({render.esc(choices.problem)})" if choices is not None and choices.problem else ""
-    target = preview.plan.target if preview.plan is not None else None
-    lead = f"<b>{render.esc(target.not_here)}</b><br>" if target is not None else ""
-    if preview.problems:
-        n = len(preview.problems)
-        return f'{lead}<span class="nbhw-message nbhw-bad">Dry run: {n} problem{"s" if n > 1 else ""}</span>{extra}'
-    accepted = (
-        f"transformers' checks, read for {target.label}, accept this plan"
-        if target
-        else "transformers accepts this plan here"
-    )
-    return f'{lead}<span class="nbhw-message">✓ Dry run: {accepted}</span>{extra}'
-
-
 @dataclass
 class Result:
     """Everything one job (or one of its parts, ``done=False``) hands to the widgets."""
@@ -162,62 +102,6 @@ class Result:
     def __post_init__(self) -> None:
         if self.code_html is None:
             self.code_html = highlight(self.preview.code)
-
-
-PARTS = {"weights": "weights", "cache": "#f2a541", "activations": "#e4572e", "reserve": "#8d8d8d"}
-
-
-def _headroom_words(share: DeviceShare) -> str:
-    """', 1.2 GiB left' (', tight: 2.0 MiB left, the allocator needs 24.0 MiB'); nothing when over or unknown."""
-    room = share.headroom_bytes
-    if room is None or room < 0:
-        return ""
-    if headroom.is_tight(room, share.margin_bytes):
-        return f", tight: {render.size(room)} left, the allocator needs {render.size(share.margin_bytes)}"
-    return f", {render.size(room)} left"
-
-
-def budget_html(preview: Preview) -> str:
-    """Per device, a bar of its budget stacked with weights / cache / activations / reserve (the run's peak there)."""
-    shares = [s for s in preview.devices if s.peak_bytes is not None and (s.budget or s.needed_bytes)]
-    if not shares:
-        return ""
-    rows = []
-    for share in shares:
-        scale = float(max(share.budget or 0, share.needed_bytes or 0, 1))
-        parts = {"weights": share.bytes, "cache": share.cache_bytes or 0, "activations": share.activation_bytes or 0,
-                 "reserve": share.reserve_bytes or 0}  # fmt: skip
-        color = render.device_color(share.device)
-        cells = "".join(
-            f'<div class="part" data-part="{name}" title="{name}: {render.size(value)}" '
-            f'style="width:{100 * value / scale:.2f}%;background:{color if name == "weights" else PARTS[name]}"></div>'
-            for name, value in parts.items()
-            if value
-        )
-        over = ""
-        if share.budget is not None and (share.needed_bytes or 0) > share.budget:
-            over = f'<div class="over" style="left:{100 * share.budget / scale:.2f}%" title="budget"></div>'
-        budget = f" of {render.size(share.budget)}" if share.budget is not None else " (no budget known)"
-        budget += _headroom_words(share)
-        rows.append(
-            f'<div class="nbhw-budget-row" data-device="{render.esc(share.device)}">'
-            f'<span class="nbhw-budget-name">{render.esc(share.device)}</span>'
-            f'<div class="nbhw-budget-bar">{cells}{over}</div>'
-            f'<span class="nbhw-note">{render.size(share.needed_bytes)}{budget}</span></div>'
-        )
-    legend = "".join(
-        f'<span class="swatch" style="background:{"#999" if c == "weights" else c}"></span>{name}'
-        for name, c in PARTS.items()
-    )
-    return (
-        f'<div class="nbhw-budget"><b>The run on each device: {render.esc(preview.verdict)}</b>{"".join(rows)}'
-        f'<div class="nbhw-placement-legend nbhw-note">{legend} (weights in the device\'s colour)</div></div>'
-    )
-
-
-def coming(text: str) -> str:
-    """A note for a part still being computed."""
-    return f'<p class="nbhw-note nbhw-coming">{render.esc(text)}</p>'
 
 
 class _Keep:

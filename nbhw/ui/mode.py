@@ -17,6 +17,7 @@ import ipywidgets
 from nbhw.core import render
 from nbhw.core.argument import Argument
 from nbhw.core.control_form import ControlsForm, FormPreview
+from nbhw.core.plan.plan_view import note_html
 from nbhw.ui.codebox import codebox, highlight
 from nbhw.ui.tree import close_tree
 from nbhw.ui.worker import CONTROL_DELAY, LOCK, Worker, locked, unexpected
@@ -30,17 +31,9 @@ def _control(name: str) -> Any:
     return locked(getattr(ipywidgets, name))
 
 
-def note_html(text: str, bad: bool = False) -> str:
-    return f'<span class="nbhw-note{" nbhw-bad" if bad else ""}">{render.esc(text)}</span>'
-
-
 def mistake_html(error: str) -> str:
     """The line above the code for a mistake in an entry."""
     return f'<span class="nbhw-message nbhw-bad">✗ {render.esc(error)}</span>'
-
-
-def coming(text: str) -> str:
-    return f'<p class="nbhw-note nbhw-coming">{render.esc(text)}</p>'
 
 
 @dataclass

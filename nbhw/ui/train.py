@@ -12,9 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from nbhw.core import render
+from nbhw.core.plan.plan_view import coming
 from nbhw.core.train import train_form
 from nbhw.core.train.train_form import TrainForm, TrainPreview
-from nbhw.ui.mode import Keep, ModeResult, ModeView, coming, mistake_html
+from nbhw.ui.mode import Keep, ModeResult, ModeView, mistake_html
 
 MARKS = {True: "✓", False: "✗", None: "?"}
 

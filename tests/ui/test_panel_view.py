@@ -24,7 +24,7 @@ import nbhw
 from nbhw.core.fit.fit_form import fit_form
 from nbhw.core.hf import meta_build
 from nbhw.core.hf.tiny_model import tiny_model_path
-from nbhw.core.plan import codegen, load_form
+from nbhw.core.plan import codegen, load_form, plan_view
 from nbhw.core.plan.load_form import Form
 from nbhw.core.plan.outside_tensors import framework_reserve
 from nbhw.core.render import size
@@ -549,9 +549,9 @@ def test_the_load_tabs_budget_bars_show_each_devices_headroom_and_say_tight() ->
         return DeviceShare("cuda:0", 0, 3, 100 * 2**20, budget, peak_bytes=200 * 2**20, reserve_bytes=10 * 2**20,
                            margin_bytes=margin)  # fmt: skip
 
-    roomy = load_ui.budget_html(SimpleNamespace(devices=[share(300 * 2**20, 4 * 2**20)], verdict="fits"))  # type: ignore[arg-type]
+    roomy = plan_view.budget_html(SimpleNamespace(devices=[share(300 * 2**20, 4 * 2**20)], verdict="fits"))  # type: ignore[arg-type]
     assert "210.0 MiB of 300.0 MiB, 90.0 MiB left" in roomy
-    tight = load_ui.budget_html(SimpleNamespace(devices=[share(212 * 2**20, 4 * 2**20)], verdict="tight"))  # type: ignore[arg-type]
+    tight = plan_view.budget_html(SimpleNamespace(devices=[share(212 * 2**20, 4 * 2**20)], verdict="tight"))  # type: ignore[arg-type]
     assert "210.0 MiB of 212.0 MiB, tight: 2.0 MiB left, the allocator needs 4.0 MiB" in tight
-    over = load_ui.budget_html(SimpleNamespace(devices=[share(200 * 2**20, 4 * 2**20)], verdict="over"))  # type: ignore[arg-type]
+    over = plan_view.budget_html(SimpleNamespace(devices=[share(200 * 2**20, 4 * 2**20)], verdict="over"))  # type: ignore[arg-type]
     assert "210.0 MiB of 200.0 MiB<" in over and 'class="over"' in over

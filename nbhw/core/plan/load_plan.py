@@ -14,7 +14,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from nbhw.core import argument, render
+from nbhw.core import argument
 from nbhw.core.advice import quantization
 from nbhw.core.advice.quantization_gates import fix_for
 from nbhw.core.advice.quantization_methods import build_config, method_key
@@ -30,20 +30,19 @@ from nbhw.core.plan import (
     codegen,
     estimate,
     for_target,
+    plan_view,
     run,
     run_figures,
     run_parts,
     run_plan,
     run_search,
     run_store,
-    run_view,
 )
 from nbhw.core.plan.arguments import DISK, NO_DEVICE_MAP, PLAN_ARGUMENTS, PlanArgs, plan_args, strategy_names
 from nbhw.core.plan.estimate import Estimate
 from nbhw.core.plan.outside_tensors import LoadPeak, Reserve
-from nbhw.core.plan.pinned import Pin, plan_beside_pin, read_pin
+from nbhw.core.plan.pinned import Pin, read_pin
 from nbhw.core.plan.placement import LiveMemory, Placement, live_memory, place
-from nbhw.core.plan.preflight import warnings as preflight_warnings
 from nbhw.core.plan.quantized_sizes import PlanningQuantizer
 from nbhw.core.plan.run_search import Fit
 from nbhw.core.render import Shown
@@ -257,14 +256,14 @@ class LoadPlan(Shown):
         return meta_build.needs_download(self.args.attn_implementation)
 
     @cached_property
-    def _attn_on_target(self) -> bool:
+    def attn_on_target(self) -> bool:
         # A build here can't answer for flash attention or a Hub kernel on the target: the rules do (for_target).
         return self.target is not None and for_target.device_dependent(self.args.attn_implementation)
 
     @cached_property
     def build(self) -> meta_build.MetaBuild | None:
         """The meta build with your dtype and attn_implementation (None without a config or if it needs a download)."""
-        if not self.config.available or self._attn_download or self._attn_on_target:
+        if not self.config.available or self._attn_download or self.attn_on_target:
             return None
         return cached_build(self.config, self.auto_class, self.dtype, self.args.attn_implementation)
 
@@ -455,7 +454,7 @@ class LoadPlan(Shown):
     def _check(self) -> list[str]:
         if not self.config.available:
             return [self.config.problem or f"config of {self.model!r} not available"]
-        problems = self._kernel_problems()
+        problems = self.kernel_problems()
         build = self.build
         if build is not None and not build.ok:
             problems.append(f"transformers refuses the model build: {build.error_type}: {build.error}")
@@ -491,11 +490,12 @@ class LoadPlan(Shown):
         found = for_target.attention_problems(
             self.model, self.args.attn_implementation, self.dtype, self.target, self.offline
         )
-        quantization, _ = self._target_quantization
+        quantization, _ = self.target_quantization
         return found + quantization
 
     @cached_property
-    def _target_quantization(self) -> tuple[list[str], list[str]]:
+    def target_quantization(self) -> tuple[list[str], list[str]]:
+        """(problems, notes) of the quantization, as if on the target (for_target's rules)."""
         assert self.target is not None
         config = self.config.config
         return for_target.quantization_findings(
@@ -512,7 +512,8 @@ class LoadPlan(Shown):
         """use_kernels as the load will have it: yours, else transformers' default (None: nbhw can't read it)."""
         return self.args.use_kernels if self.args.use_kernels is not None else self.kernels_default.value
 
-    def _kernel_problems(self) -> list[str]:
+    def kernel_problems(self) -> list[str]:
+        """use_kernels=True's problems here (yours or the default): kernels unusable, or kernelize refusing."""
         if not self.use_kernels:
             return []
         ok, why = meta_build.kernels_status()
@@ -564,7 +565,7 @@ class LoadPlan(Shown):
     def _offline_kernel_problems(self, placement: Placement) -> list[str]:
         """Hub kernels the load would fetch while the Hub is offline here and that are not in the local cache:
         from_pretrained stops at kernelize (kernels raises), so the cell fails."""
-        if not self.use_kernels or self._kernel_problems() or not kernel_tables.hub_offline():
+        if not self.use_kernels or self.kernel_problems() or not kernel_tables.hub_offline():
             return []
         cls = meta_build.model_class(self.config.config, self.auto_class)
         given = "" if self.args.use_kernels else " (transformers' default)"
@@ -614,38 +615,24 @@ class LoadPlan(Shown):
     @property
     def notes(self) -> list[str]:
         """What a reader should know that is not a problem: defaults left out, guesses, what was not checked."""
-        return plan_notes(self)
+        return plan_view.plan_notes(self)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data: arguments, code, problems, notes, estimate, placement."""
-        return plan_to_dict(self)
+        return plan_view.plan_to_dict(self)
 
     def text(self, *, code: bool = True) -> str:
         """The plan as text for terminals (``code=False`` leaves out the cell)."""
-        return plan_text(self, code=code)
+        return plan_view.plan_text(self, code=code)
 
     def html(self, *, code: bool = True, run: bool = True, searches: bool = True) -> str:
         """The plan as an HTML fragment (``run=False``: the weights only, the run still to come; ``searches=False``:
         max context and max batch still to come)."""
-        return plan_html(self, code=code, run=run, searches=searches)
+        return plan_view.plan_html(self, code=code, run=run, searches=searches)
 
-    def view(self, *, code: bool = True) -> PlanView:
+    def view(self, *, code: bool = True) -> plan_view.PlanView:
         """A displayable report of this plan (``code=False``: without the cell, e.g. when it was just emitted)."""
-        return PlanView(self, code=code)
-
-
-class PlanView(Shown):
-    """A plan's report with or without its code; renders as HTML in Jupyter and as text elsewhere."""
-
-    def __init__(self, plan: LoadPlan, *, code: bool) -> None:
-        self.plan = plan
-        self.code = code
-
-    def text(self) -> str:
-        return self.plan.text(code=self.code)
-
-    def html(self) -> str:
-        return self.plan.html(code=self.code)
+        return plan_view.PlanView(self, code=code)
 
 
 def written_plans() -> list[LoadPlan]:
@@ -691,200 +678,3 @@ def plan(model: str | Path | None = None, *, offline: bool = False, **arguments:
 
 
 plan.__signature__ = argument.signature(plan, PLAN_ARGUMENTS, keep=("model", "offline"))  # type: ignore[attr-defined]
-
-
-# ---------------------------------------------------------------- the plan as text, HTML and plain data
-
-
-def _dtype_note(plan: LoadPlan) -> str | None:
-    if plan.args.dtype != "auto":
-        return None
-    if plan.config_dtype:
-        return f'dtype="auto" picks {plan.dtype}, the dtype the config names'
-    if plan.config.available and plan.dtype != "float32":
-        return f'dtype="auto" picks {plan.dtype}, the dtype of the local weights (the config names none)'
-    if plan.config.available:
-        return 'dtype="auto": neither the config nor local weights name a dtype; float32 assumed'
-    return None
-
-
-def plan_notes(plan: LoadPlan, *, run: bool = True) -> list[str]:
-    """Everything worth knowing that is not a problem (``run=False``: not yet what the run's dry run says)."""
-    out: list[str] = for_target.notes(plan.target, plan.dtype) if plan.target is not None else []
-    if plan.target is not None and plan.config.available:
-        out += plan._target_quantization[1]
-        if plan._attn_on_target:
-            out.append(f"attn_implementation={plan.args.attn_implementation!r}: read from transformers' rules for the "
-                       f"{plan.target.accelerator.name}, not built here")  # fmt: skip
-    if not plan.config.available:
-        out.append(f"config not available, so the cell assumes a causal LM ({plan.auto_class})")
-    out += plan.arguments.omitted
-    out += [n for n in [_dtype_note(plan)] if n]
-    attn = plan.args.attn_implementation
-    unbuilt = attn is not None and plan.build is None and plan.config.available and not plan._attn_on_target
-    # check() only where the note could be said: notes are read before a dry run too (the Load tab's first stage).
-    if unbuilt and not any(p.startswith(f"attn_implementation={attn!r}") for p in plan.check()):
-        out.append(f"attn_implementation={attn!r} needs a Hub kernel download at load: not checked")
-    out += kernels_notes(plan)
-    if plan.args.device_map == "meta":
-        out.append("device_map='meta' loads the model without weights (transformers accepts it silently)")
-    if plan.args.max_memory is not None and not (
-        isinstance(plan.args.device_map, str) and plan.weight_placement and plan.weight_placement.strategy
-    ):
-        out.append(
-            "max_memory only changes what transformers does with device_map auto / balanced / balanced_low_0 / "
-            "sequential; nbhw still plans against it as each device's budget"
-        )
-    estimate = plan.weight_estimate if plan.config.available else None
-    if estimate is not None:
-        out += estimate.notes
-    placement = plan.weight_placement if plan.config.available else None
-    if placement is not None:
-        out += placement.notes
-    if plan.config.available and run:
-        out += run_view.run_notes(plan)
-    out += preflight_warnings(plan)  # the hook: nbhw.doctor()'s findings this cell would hit, as warnings
-    return out
-
-
-def kernels_notes(plan: LoadPlan) -> list[str]:
-    """What use_kernels will do at load: transformers' default when the cell leaves it out, and the downloads."""
-    out = []
-    default = plan.kernels_default
-    if plan.args.use_kernels is None and default.value is None:
-        out.append(f"use_kernels is left out, and what transformers then does is unknown: {default.why}; pass "
-                   "use_kernels=True or False (--kernels / --no-kernels) to know")  # fmt: skip
-    elif plan.args.use_kernels is None and default.value:
-        out.append(f"use_kernels is left out, so Hub kernels are on: {default.why}; the load swaps the layers the "
-                   "kernel mapping has for this device (on a GPU it downloads them); to keep every layer's own code "
-                   "pass use_kernels=False (--no-kernels) or set USE_HUB_KERNELS=0")  # fmt: skip
-    if plan.use_kernels and not plan._kernel_problems():
-        out += _swaps(plan)
-    return out
-
-
-def _swaps(plan: LoadPlan) -> list[str]:
-    """Which layers use_kernels=True swaps on the plan's devices (each a Hub download at load, not checked)."""
-    placement = plan.weight_placement if plan.config.available else None
-    if placement is None:
-        return ["use_kernels=True needs Hub kernel downloads at load: not checked"]
-    cls = meta_build.model_class(plan.config.config, plan.auto_class)
-    values = [v for v in placement.device_map.values() if v != DISK]
-    kinds = {presence.device_type(v, plan.live.accelerator) for v in values}
-    swaps = {kind: kernel_tables.swapped_layers(cls, kind) for kind in sorted(k for k in kinds if k)}
-    found = {kind: layers for kind, layers in swaps.items() if layers}
-    out = []
-    if None in kinds:  # a bare index, and no accelerator here to say which backend it means
-        bare = ", ".join(str(v) for v in dict.fromkeys(v for v in values if isinstance(v, int)))
-        out.append(f"use_kernels=True: what is swapped on device {bare} is unknown here (no accelerator says which "
-                   "backend a bare index means); Hub kernel downloads at load, not checked")  # fmt: skip
-    if found:
-        each = "; ".join(f"{', '.join(layers)} on {kind}" for kind, layers in found.items())
-        out.append(f"use_kernels=True swaps {each}: Hub kernel downloads at load, not checked")
-    elif swaps:
-        out.append(f"use_kernels=True: the kernel mapping has no {'/'.join(swaps)} kernel for {cls.__name__}'s "
-                   "layers: nothing is swapped or downloaded")  # fmt: skip
-    return out
-
-
-def _pinned_title(plan: LoadPlan) -> str:
-    pin = plan.pinned
-    assert pin is not None
-    return f"Pinned run ({pin.path}): {pin.data.get('model_class', '?')}, created {pin.data.get('created', '?')}"
-
-
-def plan_to_dict(plan: LoadPlan) -> dict[str, Any]:
-    """Plain JSON-ready data."""
-    args = plan.args
-    estimate = plan.estimate if plan.config.available else None
-    placement = plan.placement if plan.config.available else None
-    return {
-        "model": plan.model,
-        "config_source": plan.config.source,
-        "auto_class": plan.auto_class,
-        "arguments": argument.to_dict(args),
-        "target": plan.target.label if plan.target is not None else None,
-        "dtype": plan.dtype if plan.config.available or args.dtype != "auto" else None,
-        "code": plan.code,
-        "problems": plan.check(),
-        "notes": plan_notes(plan),
-        "estimate": estimate.to_dict() if estimate is not None else None,
-        "placement": placement.to_dict() if placement is not None else None,
-        **(run_view.run_dict(plan) if plan.config.available else {}),
-        "pinned": None if plan.pinned is None else {"path": plan.pinned.path, "differences": plan_beside_pin(plan)},
-    }
-
-
-def _placement_title(plan: LoadPlan, p: Placement) -> str:
-    how = f'device_map="{p.strategy}"' if p.strategy else f"device_map={plan.args.device_map!r}"
-    if plan.args.device_map is None:
-        how = "no device_map"
-    return f"{how}, against {p.budget_source}"
-
-
-def _problems_title(problems: list[str], target: Target | None = None) -> str:
-    if not problems and target is not None:
-        return f"Dry run: transformers' checks, read for {target.label}, accept this plan"
-    if not problems:
-        return "Dry run: transformers accepts this plan here"
-    return f"Dry run: {len(problems)} problem{'s' if len(problems) > 1 else ''}"
-
-
-def _header(plan: LoadPlan) -> str:
-    where = plan.config.source or "not available"
-    on = f" on {plan.target.label} — hardware that is not here" if plan.target is not None else ""
-    return f"nbhw: load plan for {plan.model!r}{on} (config: {where}; {plan.auto_class}, {plan.dtype})"
-
-
-def plan_text(plan: LoadPlan, *, code: bool = True) -> str:
-    """The plan for a terminal."""
-    lines = [_header(plan), ""]
-    if code:
-        lines += ["Code", *("    " + line if line else "" for line in plan.code.splitlines()), ""]
-    problems = plan.check()
-    lines += [_problems_title(problems, plan.target), *(f"  - {p}" for p in problems), ""]
-    estimate = plan.estimate if plan.config.available else None
-    if estimate is not None:
-        lines += [run_view.run_title(plan), *render.field_lines(run_view.estimate_rows(plan, estimate)), ""]
-    placement = plan.placement if plan.config.available else None
-    if placement is not None:
-        lines += [f"Placement: {placement.verdict}", f"  {_placement_title(plan, placement)}"]
-        table = render.text_table(run_view.share_headers(placement), run_view.share_rows(placement), indent="  ")
-        lines += [table, ""]
-    if plan.pinned is not None:
-        beside = plan_beside_pin(plan) or ["as pinned: same versions, arguments and weights per device"]
-        lines += [_pinned_title(plan), *(f"  - {n}" for n in beside), ""]
-    extra = plan_notes(plan)
-    if extra:
-        lines += ["Notes", *(f"  - {n}" for n in extra)]
-    return "\n".join(lines).rstrip() + "\n"
-
-
-def plan_html(plan: LoadPlan, *, code: bool = True, run: bool = True, searches: bool = True) -> str:
-    """The plan as an HTML fragment (every value escaped); without the run, the weights and what is coming."""
-    esc = render.esc
-    parts = [f'<div class="nbhw-plan"><p><b>{esc(_header(plan))}</b></p>']
-    if code:
-        parts.append(f'<pre class="nbhw-code">{esc(plan.code)}</pre>')
-    problems = plan.check()
-    items = "".join(f"<li>{esc(p)}</li>" for p in problems)
-    parts.append(
-        f"<p><b>{esc(_problems_title(problems, plan.target))}</b></p>" + (f"<ul>{items}</ul>" if items else "")
-    )
-    estimate = (plan.estimate if run else plan.weight_estimate) if plan.config.available else None
-    if estimate is not None:
-        rows = [list(r) for r in run_view.estimate_rows(plan, estimate, run=run, searches=searches)]
-        parts.append(f"<p><b>{esc(run_view.run_title(plan, run=run))}</b></p>" + render.html_table(("", ""), rows))
-    placement = (plan.placement if run else plan.weight_placement) if plan.config.available else None
-    if placement is not None:
-        parts.append(f"<p><b>Placement: {esc(placement.verdict)}</b><br>{esc(_placement_title(plan, placement))}</p>")
-        parts.append(render.html_table(run_view.share_headers(placement), run_view.share_rows(placement)))
-    if plan.pinned is not None:
-        beside = plan_beside_pin(plan) or ["as pinned: same versions, arguments and weights per device"]
-        items = "".join(f"<li>{esc(n)}</li>" for n in beside)
-        parts.append(f"<p><b>{esc(_pinned_title(plan))}</b></p><ul>{items}</ul>")
-    extra = plan_notes(plan, run=run)
-    if extra:
-        parts.append("<p><b>Notes</b></p><ul>" + "".join(f"<li>{esc(n)}</li>" for n in extra) + "</ul>")
-    parts.append("</div>")
-    return "".join(parts)
