@@ -8,19 +8,15 @@ probes, and the config comes from a local folder, the HF cache, or (only when on
 from __future__ import annotations
 
 import copy
-import re
 from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from nbhw.core import argument
-from nbhw.core.advice import quantization
-from nbhw.core.advice.quantization_gates import fix_for
-from nbhw.core.advice.quantization_methods import build_config, method_key
 from nbhw.core.cache import Recent
 from nbhw.core.errors import UserError
-from nbhw.core.hardware import backends, presence
+from nbhw.core.hardware import backends
 from nbhw.core.hardware.data import BackendStatus
 from nbhw.core.hardware.targets import Target, target_of
 from nbhw.core.hardware.who_picks import from_pretrained_default
@@ -30,6 +26,7 @@ from nbhw.core.plan import (
     codegen,
     estimate,
     for_target,
+    plan_checks,
     plan_view,
     run,
     run_figures,
@@ -38,7 +35,7 @@ from nbhw.core.plan import (
     run_search,
     run_store,
 )
-from nbhw.core.plan.arguments import DISK, NO_DEVICE_MAP, PLAN_ARGUMENTS, PlanArgs, plan_args, strategy_names
+from nbhw.core.plan.arguments import PLAN_ARGUMENTS, PlanArgs, plan_args
 from nbhw.core.plan.estimate import Estimate
 from nbhw.core.plan.outside_tensors import LoadPeak, Reserve
 from nbhw.core.plan.pinned import Pin, read_pin
@@ -122,12 +119,6 @@ def weights_dtype(model: str, source: str | None) -> str | None:
     return str(get_state_dict_dtype(state)).removeprefix("torch.")
 
 
-def with_fix(problem: str) -> str:
-    """A quantization refusal with the fix nbhw.quantization() gives for it, unless the message already says it."""
-    fix = fix_for(problem)
-    return problem if fix in problem else f"{problem} (fix: {fix})"
-
-
 class LoadPlan(Shown):
     """A from_pretrained plan: ``.code``, ``.check()``, ``.estimate``, ``.placement``; renders as a report.
 
@@ -146,8 +137,6 @@ class LoadPlan(Shown):
         self.model = model
         self.args = args
         self.offline = offline
-        self._problems: list[str] | None = None
-        self._quantization_refused = False  # set by check(): see quantization_refused
         if rows is not None:  # a machine read already (the solver plans many options against one read)
             self.__dict__["rows"] = rows
         if config is not None:  # the config as read already (one read for the solver's many plans of a model)
@@ -252,7 +241,8 @@ class LoadPlan(Shown):
     # ------------------------------------------------------------ meta builds
 
     @cached_property
-    def _attn_download(self) -> bool:
+    def attn_download(self) -> bool:
+        """Whether the attention asked is one a build would download (a Hub kernel): a build here can't check it."""
         return meta_build.needs_download(self.args.attn_implementation)
 
     @cached_property
@@ -263,7 +253,7 @@ class LoadPlan(Shown):
     @cached_property
     def build(self) -> meta_build.MetaBuild | None:
         """The meta build with your dtype and attn_implementation (None without a config or if it needs a download)."""
-        if not self.config.available or self._attn_download or self.attn_on_target:
+        if not self.config.available or self.attn_download or self.attn_on_target:
             return None
         return cached_build(self.config, self.auto_class, self.dtype, self.args.attn_implementation)
 
@@ -393,7 +383,7 @@ class LoadPlan(Shown):
         """The problems of ``check()`` that say a device of the placement is not on this machine (a plan for
         other hardware, named by ``max_memory``, has them by design)."""
         placement = self.weight_placement if self.config.available else None
-        return [] if placement is None else self._device_problems(placement)
+        return [] if placement is None else plan_checks.device_problems(self, placement)
 
     @cached_property
     def dry_run(self) -> run_plan.Outcome:
@@ -445,62 +435,25 @@ class LoadPlan(Shown):
 
     # ------------------------------------------------------------ dry run
 
+    @cached_property
+    def checked(self) -> plan_checks.Checked:
+        """What transformers would refuse of this plan, checked once (:mod:`nbhw.core.plan.plan_checks`)."""
+        return plan_checks.checked(self)
+
     def check(self) -> list[str]:
         """Dry run: what transformers would refuse, one line each; [] means it accepts the plan here."""
-        if self._problems is None:
-            self._problems = self._check()
-        return list(self._problems)
-
-    def _check(self) -> list[str]:
-        if not self.config.available:
-            return [self.config.problem or f"config of {self.model!r} not available"]
-        problems = self.kernel_problems()
-        build = self.build
-        if build is not None and not build.ok:
-            problems.append(f"transformers refuses the model build: {build.error_type}: {build.error}")
-        problems += self._quantization_problems() if self.target is None else self._target_problems()
-        if self.args.quantization is not None and any(p.startswith("quantization") for p in problems):
-            self._quantization_refused = True
-            return problems  # the method can't run there: where its layers would go is moot (and a placement's cost)
-        placement = self.weight_placement
-        if placement is not None:
-            problems += placement.problems
-            problems += [with_fix(e) for e in self.quantizer.errors] if self.quantizer is not None else []
-            problems += self._device_problems(placement)
-            problems += self._offline_kernel_problems(placement) if self.target is None else []
-            if build is not None and build.ok:
-                problems += self._flash_problems(placement)
-            elif build is None and self._attn_download and self.target is None:
-                problems += self._advised_attention(placement)
-            if self.target is not None:
-                used = list(placement.device_map.values())
-                problems += for_target.unused_devices(used, self.target, placement.strategy)
-        return problems
+        return list(self.checked.problems)
 
     @property
     def quantization_refused(self) -> bool:
         """Whether check() stopped at the quantization asked for: refused on this machine or the target, before
         any placement was made."""
-        self.check()
-        return self._quantization_refused
-
-    def _target_problems(self) -> list[str]:
-        """What a build here can't answer for the target: its attention rules and its quantization checks."""
-        assert self.target is not None
-        found = for_target.attention_problems(
-            self.model, self.args.attn_implementation, self.dtype, self.target, self.offline
-        )
-        quantization, _ = self.target_quantization
-        return found + quantization
+        return self.checked.quantization_refused
 
     @cached_property
     def target_quantization(self) -> tuple[list[str], list[str]]:
         """(problems, notes) of the quantization, as if on the target (for_target's rules)."""
-        assert self.target is not None
-        config = self.config.config
-        return for_target.quantization_findings(
-            self.args.quantization, config, self.args.device_map, self.dtype, self.target
-        )
+        return plan_checks.target_quantization(self)
 
     @cached_property
     def kernels_default(self) -> kernel_tables.KernelsDefault:
@@ -514,101 +467,7 @@ class LoadPlan(Shown):
 
     def kernel_problems(self) -> list[str]:
         """use_kernels=True's problems here (yours or the default): kernels unusable, or kernelize refusing."""
-        if not self.use_kernels:
-            return []
-        ok, why = meta_build.kernels_status()
-        given = "" if self.args.use_kernels else f" (transformers' default: {self.kernels_default.why})"
-        if not ok:
-            return [f"use_kernels=True{given}: {why}"]
-        refused = [kernel_tables.kernelize_refuses(kind) for kind in self._named_device_types()]
-        return [f"use_kernels=True{given}: kernelize fails: {r}" for r in dict.fromkeys(refused) if r]
-
-    def _named_device_types(self) -> list[str]:
-        """The device types the device_map names itself ("cpu", "meta"; a strategy names none)."""
-        device_map = self.args.device_map
-        named = list(device_map.values()) if isinstance(device_map, dict) else [device_map]
-        skip = (*strategy_names(), NO_DEVICE_MAP, DISK)
-        kinds = [presence.device_type(v, self.live.accelerator) for v in named if v is not None and v not in skip]
-        return [k for k in dict.fromkeys(kinds) if k]
-
-    def _quantization_problems(self) -> list[str]:
-        """transformers' quantizer checks: the one asked for, or the one a pre-quantized checkpoint names."""
-        prequantized = getattr(self.config.config, "quantization_config", None) is not None
-        if self.args.quantization is None and not prequantized:
-            return []
-        # lazy: import nbhw and %load_ext nbhw stay free of transformers
-        from transformers.integrations.accelerate import check_and_set_device_map
-
-        # lazy: import nbhw and %load_ext nbhw stay free of transformers
-        from transformers.quantizers.auto import get_hf_quantizer
-
-        asked = None
-        if self.args.quantization is not None:
-            asked, problem = build_config(method_key(self.args.quantization), self.dtype)
-            if asked is None:
-                return [with_fix(f"quantization={self.args.quantization}: the config can't be built here: {problem}")]
-        try:
-            with meta_build.quiet():
-                device_map = check_and_set_device_map(copy.deepcopy(self.args.device_map))
-                get_hf_quantizer(copy.deepcopy(self.config.config), asked, device_map, True, {})
-        except Exception as exc:
-            what = f"quantization={self.args.quantization}" if asked is not None else "this pre-quantized checkpoint"
-            return [with_fix(f"{what}: {type(exc).__name__}: {' '.join(str(exc).split())}")]
-        if self.args.quantization is None:
-            return []
-        with meta_build.quiet():  # the method's gate, as nbhw.quantization() reads it (past transformers' quirks)
-            return quantization.here_check(self.args.quantization, self.dtype, self.args.device_map, self.rows)
-
-    def _device_problems(self, placement: Placement) -> list[str]:
-        return presence.absent(list(placement.device_map.values()), self.rows, self.live.accelerator)
-
-    def _offline_kernel_problems(self, placement: Placement) -> list[str]:
-        """Hub kernels the load would fetch while the Hub is offline here and that are not in the local cache:
-        from_pretrained stops at kernelize (kernels raises), so the cell fails."""
-        if not self.use_kernels or self.kernel_problems() or not kernel_tables.hub_offline():
-            return []
-        cls = meta_build.model_class(self.config.config, self.auto_class)
-        given = "" if self.args.use_kernels else " (transformers' default)"
-        out = []
-        for kind in dict.fromkeys(
-            presence.device_type(v, self.live.accelerator) for v in placement.device_map.values()
-        ):
-            missing = kernel_tables.uncached_kernel_repos(cls, kind) if kind else []
-            if missing is None:
-                out.append(f"use_kernels=True{given} on {kind} with the Hub offline (HF_HUB_OFFLINE): whether its "
-                           "kernels are in the local cache is unknown (no kernels cache reader here)")  # fmt: skip
-            elif missing:
-                out.append(f"use_kernels=True{given} fetches {', '.join(missing)} on {kind}, the Hub is offline here "
-                           "(HF_HUB_OFFLINE) and the local cache has no version of it: from_pretrained fails; pass "
-                           "use_kernels=False (--no-kernels), or download the kernels while online")  # fmt: skip
-        return out
-
-    def _advised_attention(self, placement: Placement) -> list[str]:
-        """A Hub-kernel attention a build can't check here: the attention advice's answer for each device used."""
-        accelerator = self.live.accelerator or "cuda"
-        devices = [f"{accelerator}:{v}" if isinstance(v, int) else str(v) for v in placement.device_map.values()]
-        used = [d for d in dict.fromkeys(devices) if d not in (DISK, "meta")]  # "meta" runs nothing
-        return for_target.attention_problems_here(
-            self.model, self.args.attn_implementation, self.dtype, used, self.offline
-        )
-
-    def _flash_problems(self, placement: Placement) -> list[str]:
-        impl = (self.args.attn_implementation or "").removeprefix("paged|")
-        m = re.fullmatch(r"flash_attention_(\d)", impl)
-        if m is None or not meta_build.flash_package_installed(int(m.group(1))):
-            return []
-        # lazy: import nbhw and %load_ext nbhw stay free of transformers
-        from transformers.modeling_flash_attention_utils import FLASH_ATTENTION_COMPATIBILITY_MATRIX
-
-        entry = FLASH_ATTENTION_COMPATIBILITY_MATRIX.get(int(m.group(1)), {})
-        supported = [name for _, name in entry.get("supported_devices", ())]
-        used = {presence.device_type(v, self.live.accelerator) for v in placement.device_map.values() if v != DISK}
-        off = sorted(t for t in used if t is not None and t not in supported)
-        if not off:
-            return []
-        return [
-            f"attn_implementation={impl!r} runs on {', '.join(supported)}; this plan puts layers on {', '.join(off)}"
-        ]
+        return plan_checks.kernel_problems(self)
 
     # ------------------------------------------------------------ notes and views
 

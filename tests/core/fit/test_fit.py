@@ -214,7 +214,7 @@ def test_each_method_that_runs_here_wins_where_its_budget_says(folders: dict[str
         won.add(result.option.quantization if result.option else "nothing")
         refused = [r for r in result.rejected if r.why == "refused" and r.option.quantization]
         # Each refusal names its fix: nbhw's "(fix: ...)", or transformers' own words when they already say it
-        # ("requires a CUDA GPU"), which is when nbhw adds none (load_plan.with_fix).
+        # ("requires a CUDA GPU"), which is when nbhw adds none (plan_checks.with_fix).
         unnamed = [r.reason for r in refused if "fix: " not in r.reason and fix_for(r.reason) not in r.reason]
         assert unnamed == [], unnamed
     assert {*runs_here, None, "nothing"} <= won, (won, needs_of)
