@@ -11,7 +11,7 @@ import copy
 from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbhw.core import argument
 from nbhw.core.cache import Recent
@@ -43,6 +43,9 @@ from nbhw.core.plan.placement import LiveMemory, Placement, live_memory, place
 from nbhw.core.plan.quantized_sizes import PlanningQuantizer
 from nbhw.core.plan.run_search import Fit
 from nbhw.core.render import Shown
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 BUILD_CACHE_SIZE = 32  # the solver plans every dtype x attention of a model
 _BUILDS: Recent[meta_build.MetaBuild] = Recent(BUILD_CACHE_SIZE)
@@ -258,7 +261,7 @@ class LoadPlan(Shown):
         return cached_build(self.config, self.auto_class, self.dtype, self.args.attn_implementation)
 
     @cached_property
-    def meta_model(self) -> Any | None:
+    def meta_model(self) -> PreTrainedModel | None:
         """A meta-device model in the plan's dtype for sizes (built with default attention if yours was refused)."""
         if self.build is not None and self.build.ok:
             return self.build.model

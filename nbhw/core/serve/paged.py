@@ -15,7 +15,11 @@ import copy
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import ContinuousBatchingConfig
+    from transformers.generation.continuous_batching.cache import PagedAttentionCache
 
 _lock = threading.Lock()  # the patches below are process-wide: one sizing at a time
 
@@ -44,7 +48,7 @@ class Pool:
 class Paged:
     """The resolved config and the paged cache transformers makes with it."""
 
-    config: Any  # the resolved ContinuousBatchingConfig
+    config: ContinuousBatchingConfig  # resolved
     available: int  # what the sizing may use: (total - held) x max_memory_percent
     pools: tuple[Pool, ...]
     sectors: int
@@ -56,7 +60,7 @@ class Paged:
     batch_bytes: int  # the tensors that scale with max_batch_tokens (inputs, outputs, the activation peak)
     mask_bytes: int  # the attention masks (none for flash attention)
     fixed_bytes: int  # the trash sectors and, with logits_to_keep, the LM head rows of a batch
-    cache: Any  # the PagedAttentionCache itself (meta tensors): its allocators count requests
+    cache: PagedAttentionCache  # made on meta: its allocators count requests
     ranks: int = 1  # tensor-parallel ranks: each holds these pages for its share of the key/value heads
 
 

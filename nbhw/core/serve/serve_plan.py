@@ -12,7 +12,7 @@ import ast
 import inspect
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbhw.core import render
 from nbhw.core.argument import signature
@@ -24,6 +24,9 @@ from nbhw.core.plan.placement import DeviceShare, live_memory
 from nbhw.core.render import py_literal, py_str
 from nbhw.core.serve import paged
 from nbhw.core.serve.arguments import SERVE_ARGUMENTS, ServeArgs, serve_args
+
+if TYPE_CHECKING:
+    from transformers import ContinuousBatchingConfig
 
 # The scheduler is simulated request by request, step by step: past this many request-steps (a few seconds) the
 # plan says it did not simulate, instead of keeping the user waiting.
@@ -77,7 +80,7 @@ class ServePlan(render.Shown):
     # ------------------------------------------------------------ what transformers decided
 
     @property
-    def config(self) -> Any:
+    def config(self) -> ContinuousBatchingConfig | None:
         return self.paged.config if self.paged is not None else None
 
     @property
