@@ -27,6 +27,7 @@ from nbhw.core.hf import library_source, meta_build
 from nbhw.core.plan.outside_tensors import framework_reserve
 from nbhw.core.plan.placement import is_accelerator
 from tests.support.dists import BITSANDBYTES
+from tests.support.pins import skip_unless_pinned
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "scripts" / "target_table.py"
@@ -211,13 +212,7 @@ def test_auto_on_several_tpu_chips_budgets_the_current_one_and_says_so(llama: st
 def test_the_targets_page_table_is_what_the_script_prints() -> None:
     # The table is for a machine with bitsandbytes installed (its 4-bit column): the wheel beside the venv.
     # It is the pinned libraries' output (scripts/constraints.txt); the compatibility run's other sets differ.
-    pins = dict(
-        line.split("==", 1) for line in (ROOT / "scripts" / "constraints.txt").read_text().splitlines() if "==" in line
-    )
-    for name in ("transformers", "kernels"):
-        here = importlib.metadata.version(name)
-        if pins.get(name) != here:
-            pytest.skip(f"The targets page's table is for {name} {pins.get(name)} (the pins); {here} here")
+    skip_unless_pinned("The targets page's table", "transformers", "kernels")
     path = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
     if importlib.util.find_spec("bitsandbytes") is None:
         if not BITSANDBYTES.is_dir():
