@@ -23,7 +23,7 @@ _LAZY = {
     "TorchFacts": "nbhw.core.hardware.findings:TorchFacts",
     "Gpu": "nbhw.core.hardware.findings:Gpu",
     "UserError": "nbhw.core.errors:UserError",
-    "plan": "nbhw.core.train.task_plan:plan",
+    "plan": "nbhw.core.task_plan:plan",
     "quantization": "nbhw.core.advice.quantization:advise",
     "QuantizationAdvice": "nbhw.core.advice.quantization:QuantizationAdvice",
     "targets": "nbhw.core.hardware.targets:targets",

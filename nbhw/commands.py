@@ -70,7 +70,7 @@ class Command:
         return self.help
 
 
-TASKS, PLAN, FIT = "nbhw.core.train.tasks", "nbhw.core.plan.arguments", "nbhw.core.fit.arguments"
+TASKS, PLAN, FIT = "nbhw.core.tasks", "nbhw.core.plan.arguments", "nbhw.core.fit.arguments"
 COMMANDS = (
     Command("devices", "the backends, devices and who picks what here", (JSON,)),
     Command(
@@ -393,7 +393,7 @@ def _targets(args: argparse.Namespace) -> Any:
 
 
 def _load(args: argparse.Namespace) -> Any:
-    from nbhw.core.train.task_plan import from_words
+    from nbhw.core.task_plan import from_words
 
     return from_words(args)  # a word the other task takes is a mistake here
 

@@ -27,7 +27,8 @@ from nbhw.core.plan import load_form
 from nbhw.core.plan.load_form import CONTROLS, Choices, Form, Option, Preview
 from nbhw.core.plan.plan_view import budget_html, coming, message_html, note_html, picture_html
 from nbhw.core.serve.serve_form import ServeForm
-from nbhw.core.train.train_form import TrainForm, task_options
+from nbhw.core.tasks import task_options
+from nbhw.core.train.train_form import TrainForm
 from nbhw.ui.codebox import codebox, highlight, quick_html
 from nbhw.ui.mode import ModeView
 from nbhw.ui.serve import ServeView

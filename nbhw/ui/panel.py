@@ -23,8 +23,8 @@ from nbhw.core.plan import load_form
 from nbhw.core.plan.load_form import CONTROLS, Form, cached_models, form_words
 from nbhw.core.serve import serve_form
 from nbhw.core.serve.serve_form import SERVE_CONTROLS, ServeForm
+from nbhw.core.tasks import check_names, check_task
 from nbhw.core.train import train_form
-from nbhw.core.train.tasks import check_names, check_task
 from nbhw.core.train.train_form import TRAIN_CONTROLS, TrainForm
 from nbhw.ui.attention import AttentionView
 from nbhw.ui.devices import DevicesView

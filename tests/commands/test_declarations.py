@@ -17,6 +17,7 @@ from IPython.core.error import UsageError
 import nbhw
 from nbhw import __main__ as cli
 from nbhw import commands, magics
+from nbhw.core import tasks
 from nbhw.core.advice.arguments import ADVICE_ARGUMENTS
 from nbhw.core.fit.arguments import FIT_ARGUMENTS, TRAIN_ONLY
 from nbhw.core.hf.tiny_model import tiny_model_path
@@ -25,9 +26,8 @@ from nbhw.core.plan.arguments import PLAN_ARGUMENTS, PlanArgs
 from nbhw.core.plan.load_form import CONTROLS, OPTIONS
 from nbhw.core.serve.arguments import SERVE_ARGUMENTS
 from nbhw.core.serve.serve_form import SERVE_CONTROLS
-from nbhw.core.train import tasks
+from nbhw.core.tasks import TASK_ARGUMENTS
 from nbhw.core.train.arguments import TRAIN_ARGUMENTS
-from nbhw.core.train.tasks import TASK_ARGUMENTS
 from nbhw.core.train.train_form import TRAIN_CONTROLS
 from nbhw.ui.load import LoadView
 from nbhw.ui.worker import Worker

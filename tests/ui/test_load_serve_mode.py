@@ -18,7 +18,7 @@ from nbhw.core.serve import serve_form
 from nbhw.core.serve.arguments import SERVE_ARGUMENTS, SERVED_ON
 from nbhw.core.serve.serve_form import SERVE_CONTROLS, ServeForm
 from nbhw.core.serve.serve_plan import ServePlan
-from nbhw.core.train.tasks import TASKS
+from nbhw.core.tasks import TASKS
 from nbhw.ui import panel as panels
 from nbhw.ui.load import LoadView
 from nbhw.ui.worker import Worker

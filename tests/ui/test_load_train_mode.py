@@ -14,12 +14,13 @@ from typing import Any
 import pytest
 
 import nbhw
+from nbhw.core import tasks
 from nbhw.core.hardware.targets import target_of
 from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.core.plan.load_form import Form
+from nbhw.core.tasks import TASKS
 from nbhw.core.train import train_form
 from nbhw.core.train.arguments import TRAIN_ARGUMENTS, TRAINED_ON
-from nbhw.core.train.tasks import TASKS
 from nbhw.core.train.train_form import TRAIN_CONTROLS, TrainForm
 from nbhw.ui import panel as panels
 from nbhw.ui.load import LoadView
@@ -102,7 +103,7 @@ def test_every_dropdown_offers_its_declared_choices_and_targets_are_gpus_a_plan_
     for target in targets[1:]:
         found = target_of(target)
         assert found is not None and found.accelerator.device in TRAINED_ON, target
-    assert [task for _, task in train_form.task_options()] == list(TASKS)  # a mode per task
+    assert [task for _, task in tasks.task_options()] == list(TASKS)  # a mode per task
 
 
 def test_the_preview_is_the_training_plan_or_one_line(tiny: str) -> None:

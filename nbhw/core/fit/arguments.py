@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from nbhw.core import tasks
 from nbhw.core.argument import argument, arguments, checked
 from nbhw.core.errors import UserError, one_of
-from nbhw.core.train import tasks
+from nbhw.core.tasks import TASK
 from nbhw.core.train.arguments import METHODS
-from nbhw.core.train.tasks import TASK
 
 FIT_TASKS = ("infer", "train")  # a serving fit is not searched yet: nbhw.plan(task="serve") answers one setup
 

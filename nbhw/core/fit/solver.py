@@ -31,7 +31,7 @@ from nbhw.core.plan import for_target
 from nbhw.core.plan.arguments import DISK, PLAN_ARGUMENTS, MemoryKey, plan_args
 from nbhw.core.plan.load_plan import LoadPlan, plan
 from nbhw.core.plan.placement import is_accelerator
-from nbhw.core.train.tasks import check_names
+from nbhw.core.tasks import check_names
 
 PLAN_CACHE_SIZE = 16384  # a 70B search with its nearest changes plans about 10,000 options (most refused: small)
 SHOWN_REJECTED = 12  # the text and HTML list the first ones (a run's reason may search the longest context)

@@ -27,8 +27,8 @@ from nbhw.core import argument, render
 from nbhw.core.errors import UserError
 from nbhw.core.fit.result import SearchResult
 from nbhw.core.hardware.targets import MAX_COUNT, Target, target_of
+from nbhw.core.tasks import check_names
 from nbhw.core.train.arguments import METHODS, TRAIN_ARGUMENTS, train_args
-from nbhw.core.train.tasks import check_names
 from nbhw.core.train.train_plan import TrainPlan, device_of, model_name, train_plan
 
 CHECKPOINTING = (False, True)

@@ -21,21 +21,10 @@ from nbhw.core.hardware.targets import target_of
 from nbhw.core.hf import meta_build
 from nbhw.core.plan.load_form import Option, target_options
 from nbhw.core.train.arguments import TRAIN_ARGUMENTS, TRAINED_ON
-from nbhw.core.train.tasks import TASKS
 from nbhw.core.train.train_plan import TrainPlan, train_plan
 
 # The declared training arguments the Train mode shows a control for, by name.
 TRAIN_CONTROLS: dict[str, Argument] = controls_of(TRAIN_ARGUMENTS)
-# What the mode switch says for each task the Load tab has a mode for (the values are nbhw.plan()'s task words).
-TASK_LABELS: dict[str, str] = {"infer": "Load / generate", "train": "Train", "serve": "Serve"}
-assert set(TASK_LABELS) <= set(TASKS), "a mode switch label names a task nbhw.plan() does not take"
-
-
-def task_options() -> list[tuple[str, str]]:
-    """The mode switch's (label, task) pairs, in the order of TASKS."""
-    return [(TASK_LABELS[task], task) for task in TASKS if task in TASK_LABELS]
-
-
 # ---------------------------------------------------------------- what the dropdowns offer
 
 

@@ -1,4 +1,4 @@
-"""The words of ``nbhw.plan(task=...)`` (:mod:`nbhw.core.train.task_plan`): one set for both plans, loading and
+"""The words of ``nbhw.plan(task=...)`` (:mod:`nbhw.core.task_plan`): one set for both plans, loading and
 generating (``task="infer"``) or fine-tuning (``task="train"``). ``%hw load --task train`` and ``python -m nbhw load
 --task train`` take the same words; ``%hw train`` stays the training plan's own command. Declarations only: the
 command table imports them, and no planner.
@@ -20,6 +20,13 @@ from nbhw.core.serve.arguments import SERVE_ARGUMENTS
 from nbhw.core.train.arguments import TRAIN_ARGUMENTS
 
 TASKS = ("infer", "train", "serve")
+# What the Load tab's mode switch says for each task it has a mode for (the values are nbhw.plan()'s task words).
+TASK_LABELS: dict[str, str] = {"infer": "Load / generate", "train": "Train", "serve": "Serve"}
+
+
+def task_options() -> list[tuple[str, str]]:
+    """The mode switch's (label, task) pairs, in the order of TASKS."""
+    return [(TASK_LABELS[task], task) for task in TASKS if task in TASK_LABELS]
 
 
 def check_task(value: Any) -> str:

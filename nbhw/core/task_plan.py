@@ -1,7 +1,7 @@
 """``nbhw.plan(task=...)``: one call for the three plans, loading and generating (``task="infer"``, a
 :class:`~nbhw.core.plan.load_plan.LoadPlan`), fine-tuning (``task="train"``, a
 :class:`~nbhw.core.train.train_plan.TrainPlan`) or serving with continuous batching (``task="serve"``, a
-:class:`~nbhw.core.serve.serve_plan.ServePlan`), with the words of :mod:`nbhw.core.train.tasks`.
+:class:`~nbhw.core.serve.serve_plan.ServePlan`), with the words of :mod:`nbhw.core.tasks`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from nbhw.core.argument import checked, given, signature
 from nbhw.core.plan import load_plan
 from nbhw.core.plan.arguments import PLAN_ARGUMENTS
 from nbhw.core.serve import serve_plan
+from nbhw.core.tasks import SERVE_ONLY, TASK_ARGUMENTS, TRAIN_ONLY, TaskArgs, check_names
 from nbhw.core.train import train_plan
-from nbhw.core.train.tasks import SERVE_ONLY, TASK_ARGUMENTS, TRAIN_ONLY, TaskArgs, check_names
 
 Plan = load_plan.LoadPlan | train_plan.TrainPlan | serve_plan.ServePlan
 
