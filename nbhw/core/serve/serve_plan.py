@@ -397,31 +397,33 @@ def _device(load: LoadPlan, args: ServeArgs, parallel: Parallel) -> tuple[paged.
     share = placement.devices[0]
     if parallel.rank_weights is not None:
         return _rank_device(load, args, parallel, share, placement.budget_source)
-    backend = run_plan.backend_of(share.key, load)
-    if backend == "cpu" and args.device_memory is None and _cpu_only_torch():
+    if run_plan.backend_of(share.key, load) == "cpu" and args.device_memory is None and _cpu_only_torch():
         return _this_cpu(share.bytes), share.device, "this machine's RAM as transformers reads it (total, this RSS)"
-    held = run_plan.reserve(share.key, load)
-    total = share.budget if share.budget is not None else 0
-    device = paged.Device(TRANSFORMERS_KIND.get(backend, backend), total, share.bytes + (held.bytes if held else 0),
-                          backend in GRAPH_BACKENDS)  # fmt: skip
+    device = _card(load, share, share.bytes)
     given = args.device_memory is not None  # passed to the load plan as its max_memory, but the user said device_memory
     return device, share.device, "the device_memory you gave" if given else placement.budget_source
+
+
+def _card(load: LoadPlan, share: DeviceShare, weights: int) -> paged.Device:
+    """The serving device of ``share`` as transformers will read it: its budget, and ``weights`` with the framework's
+    reserve held on it before the cache."""
+    backend = run_plan.backend_of(share.key, load)
+    reserve = run_plan.reserve(share.key, load)
+    total = share.budget if share.budget is not None else 0
+    held = weights + (reserve.bytes if reserve else 0)
+    return paged.Device(TRANSFORMERS_KIND.get(backend, backend), total, held, backend in GRAPH_BACKENDS)
 
 
 def _rank_device(
     load: LoadPlan, args: ServeArgs, parallel: Parallel, share: DeviceShare, source: str
 ) -> tuple[paged.Device, str, str]:
     """Rank 0's device under tensor parallelism: one card's memory, its share of the weights and the reserve."""
-    backend = run_plan.backend_of(share.key, load)
-    reserve = run_plan.reserve(share.key, load)
-    total = share.budget if share.budget is not None else 0
     weights = parallel.rank_weights or 0
-    held = weights + (reserve.bytes if reserve else 0)
-    if held >= total:
+    device = _card(load, share, weights)
+    if device.held >= device.total:
         raise UserError(f"serve: the weights do not fit: each of the {parallel.size} ranks holds "
-                        f"{render.size(weights)} of them and the reserve, {render.size(total)} per device; a larger "
-                        "tp_size or a bigger card")  # fmt: skip
-    device = paged.Device(TRANSFORMERS_KIND.get(backend, backend), total, held, backend in GRAPH_BACKENDS)
+                        f"{render.size(weights)} of them and the reserve, {render.size(device.total)} per device; a "
+                        "larger tp_size or a bigger card")  # fmt: skip
     name = f"{parallel.size} ranks like {share.device} (tensor parallel)"
     return device, name, "the device_memory you gave, each rank's" if args.device_memory is not None else source
 
