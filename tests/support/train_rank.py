@@ -19,8 +19,8 @@ def main() -> None:
     import torch
     from transformers import TrainerCallback
 
+    from nbhw.core.hf.tensor_parallel import local_nbytes
     from nbhw.core.train import meta_patches
-    from nbhw.core.train import step as T
 
     out, script = Path(sys.argv[1]), sys.argv[2]
     rank = int(os.environ.get("RANK", "0"))
@@ -47,7 +47,7 @@ def main() -> None:
             wrapped.update(
                 model=type(model).__name__,
                 fsdp=[c.__name__ for c in type(model).__mro__][:4],
-                params=sum(T.local_nbytes(p) for p in model.parameters()),
+                params=sum(local_nbytes(p) for p in model.parameters()),
                 sharded=sum(hasattr(p, "to_local") for p in model.parameters()),  # parameters held as DTensors
                 storage_excess=storage_excess(model),
             )

@@ -94,12 +94,14 @@ def tp_sharded(config: Any, dtype: Any, world_size: int) -> Any:
     return model
 
 
+def local_nbytes(t: Any) -> int:
+    """Bytes this rank holds for ``t`` (a DTensor's local shard)."""
+    local = t.to_local() if hasattr(t, "to_local") else t
+    return int(local.nbytes)
+
+
 def rank_bytes(model: Any) -> int:
     """What one rank holds of a sharded model: each parameter's and buffer's local shard (tied weights once).
     Where a dimension does not split evenly, rank 0 holds the larger share (torch's sharding), so rank 0's bytes
     are the most any rank holds."""
-    total = 0
-    for tensor in [*model.parameters(), *model.buffers()]:
-        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-        total += int(local.numel()) * int(local.element_size())
-    return total
+    return sum(local_nbytes(t) for t in [*model.parameters(), *model.buffers()])

@@ -32,7 +32,7 @@ from typing import Any
 
 from nbhw.core.cache import Recent
 from nbhw.core.hf.depth import decoder_layers, layer_signature
-from nbhw.core.hf.tensor_parallel import fake_world
+from nbhw.core.hf.tensor_parallel import fake_world, local_nbytes
 from nbhw.core.train.arguments import TrainArgs
 from nbhw.core.train.meta_patches import (
     meta_step_context,
@@ -82,12 +82,6 @@ class StepMemory:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def local_nbytes(t: Any) -> int:
-    """Bytes this rank holds for ``t`` (a DTensor's local shard)."""
-    local = t.to_local() if hasattr(t, "to_local") else t
-    return int(local.nbytes)
 
 
 def _unpacked_numel(p: Any) -> int:
