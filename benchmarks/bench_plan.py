@@ -57,7 +57,7 @@ def run(max_memory):
 
 times = {}
 for label, max_memory in (("live", None), ("max_memory", budget)):
-    from nbhw.core.plan import load_plan as plan_module
+    from nbhw.core.plan import stages as plan_module
     plan_module.clear_cache()
     t = time.perf_counter(); est, placed = run(max_memory); first = time.perf_counter() - t
     warm = []

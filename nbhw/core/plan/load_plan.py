@@ -7,8 +7,6 @@ probes, and the config comes from a local folder, the HF cache, or (only when on
 
 from __future__ import annotations
 
-import copy
-from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,30 +14,16 @@ from typing import TYPE_CHECKING, Any
 from nbhw.core import argument
 from nbhw.core.cache import Recent
 from nbhw.core.errors import UserError
-from nbhw.core.hardware import backends
 from nbhw.core.hardware.data import BackendStatus
-from nbhw.core.hardware.targets import Target, target_of
-from nbhw.core.hardware.who_picks import from_pretrained_default
+from nbhw.core.hardware.targets import Target
 from nbhw.core.hf import kernel_tables, meta_build, model_config
 from nbhw.core.hf.tiny_model import tiny_model_path
-from nbhw.core.plan import (
-    codegen,
-    estimate,
-    for_target,
-    plan_checks,
-    plan_view,
-    run,
-    run_figures,
-    run_parts,
-    run_plan,
-    run_search,
-    run_store,
-)
+from nbhw.core.plan import codegen, plan_checks, plan_view, run_figures, run_plan, stages
 from nbhw.core.plan.arguments import PLAN_ARGUMENTS, PlanArgs, plan_args
 from nbhw.core.plan.estimate import Estimate
 from nbhw.core.plan.outside_tensors import LoadPeak, Reserve
 from nbhw.core.plan.pinned import Pin, read_pin
-from nbhw.core.plan.placement import LiveMemory, Placement, live_memory, place
+from nbhw.core.plan.placement import LiveMemory, Placement
 from nbhw.core.plan.quantized_sizes import PlanningQuantizer
 from nbhw.core.plan.run_search import Fit
 from nbhw.core.render import Shown
@@ -47,85 +31,18 @@ from nbhw.core.render import Shown
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-BUILD_CACHE_SIZE = 32  # the solver plans every dtype x attention of a model
-_BUILDS: Recent[meta_build.MetaBuild] = Recent(BUILD_CACHE_SIZE)
 WRITTEN_PLANS = 32
 # The plans whose cell was written (code asked for), newest last: a cell that runs one of them is matched to its
 # plan after it ran (nbhw.loaded()). Meta models are small; 32 plans are a few Load tab sessions.
 _WRITTEN: Recent[LoadPlan] = Recent(WRITTEN_PLANS)
-FALLBACK_AUTO_CLASS = "AutoModelForCausalLM"
-
-
-def cached_build(
-    config: model_config.ModelConfig, auto_name: str, dtype: str, attn: str | None
-) -> meta_build.MetaBuild:
-    """A meta build with the dtype plan from_pretrained applies, shared by every plan with the same config, class,
-    dtype and attention (the model is read-only; its dry runs are remembered with it)."""
-    hf = config.config
-    key = (config.key, auto_name, dtype, attn)
-
-    def built() -> meta_build.MetaBuild:
-        found = run_parts.build(hf, dtype=dtype, auto_name=auto_name, attn_implementation=attn)
-        if found.model is not None:
-            run_store.remember_build(found.model, *key)  # its dry runs can be kept on disk, under this key
-        return found
-
-    return _BUILDS.get(key, built)
-
-
-_PLACEMENTS: Recent[tuple[Placement, list[str]]] = Recent(256)
-
-
-def clear_cache() -> None:
-    """Forget the cached meta builds and weights placements."""
-    _BUILDS.clear()
-    _PLACEMENTS.clear()
-
-
-def _weights_file(model: str, source: str | None) -> str | None:
-    """The first weights file transformers would read for dtype="auto", if it is on this machine."""
-    names = ("model.safetensors", "pytorch_model.bin")
-    if source == model_config.LOCAL:
-        folder = Path(model).expanduser()
-        for name in names:
-            if (folder / name).is_file():
-                return str(folder / name)
-        index = folder / "model.safetensors.index.json"
-        if index.is_file():
-            import json
-
-            shards = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
-            return str(folder / shards[0]) if shards and (folder / shards[0]).is_file() else None
-        return None
-    if source == model_config.CACHE:
-        from huggingface_hub import try_to_load_from_cache
-
-        for name in names:
-            found = try_to_load_from_cache(model, name)
-            if isinstance(found, str):
-                return found
-    return None
-
-
-def weights_dtype(model: str, source: str | None) -> str | None:
-    """The dtype transformers reads from the weights' header when the config names none (no tensor data read)."""
-    path = _weights_file(model, source)
-    if path is None:
-        return None
-    # lazy: import nbhw and %load_ext nbhw stay free of transformers
-    from transformers.modeling_utils import get_state_dict_dtype, load_state_dict
-
-    try:
-        state = load_state_dict(path, map_location="meta", weights_only=True)
-    except Exception:
-        return None
-    return str(get_state_dict_dtype(state)).removeprefix("torch.")
 
 
 class LoadPlan(Shown):
     """A from_pretrained plan: ``.code``, ``.check()``, ``.estimate``, ``.placement``; renders as a report.
 
-    Properties are computed on first use and kept: ``.placement`` reads free memory at that moment.
+    A plan is its stages (:mod:`nbhw.core.plan.stages`), each made the first time it is asked for and kept:
+    ``.inputs`` → ``.built`` → ``.placed`` → ``.ran`` → ``.verdict``. ``.placed`` reads free memory at that moment.
+    The other properties name a stage's parts in the words of ``nbhw.plan()``'s documentation.
     """
 
     def __init__(
@@ -140,89 +57,205 @@ class LoadPlan(Shown):
         self.model = model
         self.args = args
         self.offline = offline
-        if rows is not None:  # a machine read already (the solver plans many options against one read)
-            self.__dict__["rows"] = rows
-        if config is not None:  # the config as read already (one read for the solver's many plans of a model)
-            self.__dict__["config"] = config
+        self._read = (rows, config)  # the machine and the config as read already (the solver's one read of each)
 
     def __repr__(self) -> str:
         return f"LoadPlan(model={self.model!r}, {self.args})"
 
-    # ------------------------------------------------------------ inputs
+    # ------------------------------------------------------------ the stages
 
     @cached_property
+    def inputs(self) -> stages.Inputs:
+        """Stage 1: the config, your words, the hardware and the run's size."""
+        rows, config = self._read
+        return stages.inputs(self.model, self.args, offline=self.offline, rows=rows, config=config)
+
+    @cached_property
+    def built(self) -> stages.Built:
+        """Stage 2: the meta model in the plan's dtype and its weights' figures."""
+        return stages.build(self.inputs)
+
+    @cached_property
+    def placed(self) -> stages.Placed:
+        """Stage 3: the device_map transformers computes for the weights (free memory read now)."""
+        return stages.place_weights(self.inputs, self.built)
+
+    @cached_property
+    def ran(self) -> stages.Ran:
+        """Stage 4: generate()'s dry run on the placement, the reserves, the host while loading."""
+        return stages.dry_run(self.inputs, self.built, self.placed)
+
+    @cached_property
+    def verdict(self) -> stages.Verdict:
+        """Stage 5: the run against every device's budget."""
+        return stages.verdict(self.inputs, self.placed, self.ran, lambda: self.context_fit)
+
+    @cached_property
+    def context_fit(self) -> Fit | None:
+        """The search behind ``max_context`` (how many dry runs, which method)."""
+        with meta_build.quiet():
+            return run_plan.context_fit(self.inputs, self.built, self.placed, lambda: self.ran)
+
+    @cached_property
+    def batch_fit(self) -> Fit | None:
+        """The search behind ``max_batch``."""
+        with meta_build.quiet():
+            return run_plan.batch_fit(self.inputs, self.built, self.placed, lambda: self.ran)
+
+    # ------------------------------------------------------------ the stages' parts, in nbhw.plan()'s words
+
+    @property
     def config(self) -> model_config.ModelConfig:
         """The model's config and where it came from (local folder, HF cache, Hub config.json)."""
-        with meta_build.quiet():
-            return model_config.load(self.model, offline=self.offline)
+        return self.inputs.config
 
-    @cached_property
+    @property
     def auto_class(self) -> str:
-        """The Auto class for this architecture (AutoModelForCausalLM when the config is not available)."""
-        if not self.config.available:
-            return FALLBACK_AUTO_CLASS
-        return meta_build.auto_class_name(self.config.config)
+        return self.inputs.auto_class
 
-    @cached_property
+    @property
     def config_dtype(self) -> str | None:
-        """The dtype the config names (what dtype="auto" picks), if any."""
-        if not self.config.available:
-            return None
-        value = getattr(self.config.config, "dtype", None)
-        return None if value is None else str(value).removeprefix("torch.")
+        return self.inputs.config_dtype
 
-    @cached_property
+    @property
     def dtype(self) -> str:
         """The dtype the weights will have: yours, else the config's, else the weights', else float32."""
-        if self.args.dtype != "auto":
-            return self.args.dtype
-        return self.config_dtype or weights_dtype(self.model, self.config.source) or "float32"
+        return self.inputs.dtype
 
-    @cached_property
+    @property
+    def checkpoint_dtype(self) -> str:
+        return self.inputs.checkpoint_dtype
+
+    @property
     def target(self) -> Target | None:
         """The catalog target the plan is for (hardware that is not here), or None for this machine."""
-        return target_of(self.args.target)
+        return self.inputs.target
 
-    @cached_property
+    @property
     def rows(self) -> list[BackendStatus]:
-        """Every backend row as nbhw's probes see it now (no device is touched); for a catalog target, the rows
-        detection would give on it: its memory is the budget (see for_target)."""
-        return self.target.rows() if self.target is not None else backends.probe_all()
+        """Every backend row as nbhw's probes see it (a catalog target's: as detection would give them there)."""
+        return list(self.inputs.rows)
 
-    @cached_property
-    def checkpoint_dtype(self) -> str:
-        """The dtype the checkpoint stores: the config's, else the weights' header, else float32."""
-        return self.config_dtype or weights_dtype(self.model, self.config.source) or "float32"
-
-    # ------------------------------------------------------------ the run's size
-
-    @cached_property
+    @property
     def context_limit(self) -> int | None:
-        """The most tokens per sequence the model's config allows (its maximum positions); None without a config."""
-        return run_search.context_limit(self.config.config) if self.config.available else None
+        return self.inputs.context_limit
 
-    @cached_property
+    @property
     def context(self) -> int:
-        """Tokens per sequence the run is planned for (prompt + generated): yours, else 4,096 or the model's maximum
-        when smaller."""
-        return self.args.context or run_plan.default_context(self.context_limit)
+        """Tokens per sequence the run is planned for (prompt + generated)."""
+        return self.inputs.context
 
     @property
     def batch(self) -> int:
         """Sequences generated together."""
         return self.args.batch
 
-    @cached_property
-    def run_target(self) -> str:
-        """Whose attention kernels size the run: "cpu" (torch's own choice) or "cuda" (for every accelerator)."""
-        return run_plan.target(self)
-
-    @cached_property
+    @property
     def default_device(self) -> str:
-        """Where from_pretrained puts the model without a device_map (cpu, unless a torch default device is set)."""
-        return from_pretrained_default().device
+        return self.inputs.default_device
 
-    # ------------------------------------------------------------ code
+    @property
+    def build(self) -> meta_build.MetaBuild | None:
+        """The meta build with your dtype and attn_implementation (None without a config or if it needs a download)."""
+        return self.built.build
+
+    @property
+    def meta_model(self) -> PreTrainedModel | None:
+        """A meta-device model in the plan's dtype for sizes (built with default attention if yours was refused)."""
+        return self.built.model
+
+    @property
+    def quantizer(self) -> PlanningQuantizer | None:
+        return self.built.quantizer
+
+    @property
+    def weight_estimate(self) -> Estimate | None:
+        """Parameters, bytes, largest layer and training, without the run (no dry run: quick); None without a config."""
+        return self.built.weights
+
+    @property
+    def attn_download(self) -> bool:
+        return self.built.attn_download
+
+    @property
+    def live(self) -> LiveMemory:
+        """The free memory device_map="auto" would fill here, read once (a target's: its catalog memory)."""
+        return self.placed.live
+
+    @property
+    def weight_placement(self) -> Placement | None:
+        """The device_map transformers would compute, per device, with a weights-only verdict (no dry run)."""
+        return self.placed.placement
+
+    @property
+    def run_target(self) -> str:
+        return self.placed.run_target
+
+    @property
+    def dry_run(self) -> run_plan.Outcome:
+        """The dry run of generate() at the plan's batch and context on its placement, or why there is none."""
+        return self.ran.outcome
+
+    @property
+    def run(self) -> run_figures.RunEstimate | None:
+        """The dry run's own figures (per device in ``.devices``); None when it could not answer."""
+        return self.ran.outcome.run
+
+    @property
+    def reserves(self) -> dict[int | str, Reserve]:
+        """Per device the run uses, what the framework holds outside tensors: a stated figure and its source."""
+        return self.ran.reserves
+
+    @property
+    def load_peak(self) -> LoadPeak | None:
+        """The host's peak while from_pretrained reads the checkpoint (a dtype cast keeps a private copy)."""
+        return self.ran.load_peak
+
+    @property
+    def estimate(self) -> Estimate | None:
+        """The weights and the run at ``batch x context``: cache after the prefill and while decoding, fixed state,
+        activations, the run's peak, the framework's reserve and the host's peak while loading (one dry run)."""
+        return self.ran.estimate
+
+    @property
+    def placement(self) -> Placement | None:
+        """The device_map transformers would compute; per device the weights, cache, activations and reserve of the
+        run against the device's budget, and a verdict that counts the run; None without a config."""
+        return self.verdict.placement
+
+    @cached_property
+    def run_fits(self) -> bool | None:
+        """Whether the run fits every budget, as the verdict decides "fits", without searching for the largest
+        context (``placement.verdict`` does that when it does not fit); None when no dry run answers."""
+        return stages.run_fits(self.inputs, self.placed, lambda: self.ran)
+
+    @property
+    def run_tight(self) -> bool | None:
+        """Whether a run that fits leaves some device less room than its allocator needs (the verdict says
+        "tight"); None when the run doesn't fit or no dry run answers."""
+        return self.verdict.tight if self.run_fits else None
+
+    @property
+    def absent_devices(self) -> list[str]:
+        """The problems of ``check()`` that say a device of the placement is not on this machine (a plan for
+        other hardware, named by ``max_memory``, has them by design)."""
+        placement = self.weight_placement if self.config.available else None
+        return [] if placement is None else plan_checks.device_problems(self, placement)
+
+    @property
+    def max_context(self) -> int | None:
+        """Tokens per sequence (prompt + generated) that fit at this batch on this placement, up to the model's
+        maximum; 0 when not even the shortest run fits; None when the dry run can't answer."""
+        fit = self.context_fit
+        return None if fit is None else fit.value
+
+    @property
+    def max_batch(self) -> int | None:
+        """Sequences of this context that fit together on this placement (searched up to 4,096)."""
+        fit = self.batch_fit
+        return None if fit is None else fit.value
+
+    # ------------------------------------------------------------ the cell
 
     @cached_property
     def arguments(self) -> codegen.Arguments:
@@ -240,201 +273,6 @@ class LoadPlan(Shown):
     def pinned(self) -> Pin | None:
         """The pinned run this plan is checked against (``pinned=path``), read and checked."""
         return None if self.args.pinned is None else read_pin(self.args.pinned)
-
-    # ------------------------------------------------------------ meta builds
-
-    @cached_property
-    def attn_download(self) -> bool:
-        """Whether the attention asked is one a build would download (a Hub kernel): a build here can't check it."""
-        return meta_build.needs_download(self.args.attn_implementation)
-
-    @cached_property
-    def attn_on_target(self) -> bool:
-        # A build here can't answer for flash attention or a Hub kernel on the target: the rules do (for_target).
-        return self.target is not None and for_target.device_dependent(self.args.attn_implementation)
-
-    @cached_property
-    def build(self) -> meta_build.MetaBuild | None:
-        """The meta build with your dtype and attn_implementation (None without a config or if it needs a download)."""
-        if not self.config.available or self.attn_download or self.attn_on_target:
-            return None
-        return cached_build(self.config, self.auto_class, self.dtype, self.args.attn_implementation)
-
-    @cached_property
-    def meta_model(self) -> PreTrainedModel | None:
-        """A meta-device model in the plan's dtype for sizes (built with default attention if yours was refused)."""
-        if self.build is not None and self.build.ok:
-            return self.build.model
-        if not self.config.available:
-            return None
-        fallback = cached_build(self.config, self.auto_class, self.dtype, None)
-        return fallback.model if fallback.ok else None
-
-    @cached_property
-    def quantizer(self) -> PlanningQuantizer | None:
-        """The quantizer sizes are computed with, when quantization is asked for."""
-        if self.args.quantization is None:
-            return None
-        device = self.target.device() if self.target is not None else None
-        with meta_build.quiet():
-            return PlanningQuantizer(self.args.quantization, self.dtype, device, self.args.device_map)
-
-    # ------------------------------------------------------------ estimate and placement
-
-    @cached_property
-    def weight_estimate(self) -> Estimate | None:
-        """Parameters, bytes, largest layer and training, without the run (no dry run: quick); None without a config."""
-        model = self.meta_model
-        if model is None:
-            return None
-        with meta_build.quiet():
-            result = estimate.estimate(model, self.dtype, quantizer=self.quantizer, quantization=self.args.quantization)
-        method: Any = getattr(self.config.config, "quantization_config", None)
-        if method is not None and self.args.quantization is None:
-            method = method.get("quant_method") if isinstance(method, dict) else getattr(method, "quant_method", "?")
-            result.notes.append(f"this checkpoint is pre-quantized ({method}): sizes are of the unquantized weights")
-        if self.args.quantization is not None:
-            result.notes.append(
-                f"quantization={self.args.quantization}: the dry run runs the unquantized model and counts the weights "
-                "at their quantized size, so a quantized matmul's transient (bitsandbytes dequantizes each weight to "
-                "the compute dtype for it) is not in it"
-            )
-        return result
-
-    @cached_property
-    def estimate(self) -> Estimate | None:
-        """The weights and the run at ``batch x context``: cache after the prefill and while decoding, fixed state,
-        activations, the run's peak, the framework's reserve and the host's peak while loading (one dry run)."""
-        weights = self.weight_estimate
-        if weights is None:
-            return None
-        outcome, placement = self.dry_run, self.weight_placement
-        peak = self.load_peak
-        cache_at = self._cache_at
-        if outcome.run is None or placement is None:
-            return replace(weights, context=self.context, batch=self.batch, run_problem=outcome.problem,
-                           load_peak=peak, cache_at=cache_at)  # fmt: skip
-        placed = sum(s.bytes for s in placement.devices)
-        held = sum(r.bytes for r in self.reserves.values())
-        return weights.with_run(outcome.run, weight_bytes=placed, reserve_bytes=held, load_peak=peak, cache_at=cache_at)
-
-    def _cache_at(self, tokens: int) -> int | None:
-        """The cache of one sequence of ``tokens`` tokens (a dry run at that length on one device)."""
-        model = self.meta_model
-        if model is None:
-            return None
-        try:
-            found = run.run_estimate(model, batch=1, context=max(tokens, 2), target=self.run_target,
-                                     generation=run_plan.generation(self))  # fmt: skip
-            return found.cache_decode_bytes
-        except run_figures.DryRunError:
-            return None
-
-    @cached_property
-    def live(self) -> LiveMemory:
-        """The free memory device_map="auto" would fill here, read now (a target's: its catalog memory)."""
-        found = live_memory(self.rows)
-        if self.target is not None:
-            found.source = f"the {self.target.label}'s memory (nbhw's catalog)"
-        return found
-
-    @cached_property
-    def weight_placement(self) -> Placement | None:
-        """The device_map transformers would compute, per device, with a weights-only verdict (no dry run)."""
-        model = self.meta_model
-        if model is None:
-            return None
-        # Attention and kernels change no module's size: plans that differ only there share one placement.
-        args = self.args
-        live = None if args.max_memory is not None else tuple(sorted(self.live.max_memory.items(), key=str))
-        key = (self.config.key, self.auto_class, self.dtype, args.quantization, repr(args.device_map),
-               repr(args.max_memory), self.default_device, live, repr(self.target))  # fmt: skip
-        quantizer = self.quantizer
-
-        def placed() -> tuple[Placement, list[str]]:
-            found = place(model, args, quantizer=quantizer, default_device=self.default_device, live=self.live)
-            return found, list(quantizer.errors) if quantizer is not None else []
-
-        found, errors = _PLACEMENTS.get(key, placed)
-        if quantizer is not None and not quantizer.errors:
-            quantizer.errors.extend(errors)  # transformers' device_map checks, made while placing
-        found = copy.deepcopy(found)  # each plan's own: the run's verdict replaces parts of it
-        return for_target.unlisted_budgets(found, self.target) if self.target is not None else found
-
-    @cached_property
-    def placement(self) -> Placement | None:
-        """The device_map transformers would compute; per device the weights, cache, activations and reserve of the
-        run against the device's budget, and a verdict that counts the run; None without a config."""
-        return run_plan.with_run(self)
-
-    @cached_property
-    def run_fits(self) -> bool | None:
-        """Whether the run fits every budget, as the verdict decides "fits", without searching for the largest
-        context (``placement.verdict`` does that when it does not fit); None when no dry run answers."""
-        with meta_build.quiet():
-            return run_plan.run_fits(self)
-
-    @cached_property
-    def run_tight(self) -> bool | None:
-        """Whether a run that fits leaves some device less room than its allocator needs (the verdict says
-        "tight"); None when the run doesn't fit or no dry run answers."""
-        with meta_build.quiet():
-            return run_plan.run_tight(self)
-
-    @property
-    def absent_devices(self) -> list[str]:
-        """The problems of ``check()`` that say a device of the placement is not on this machine (a plan for
-        other hardware, named by ``max_memory``, has them by design)."""
-        placement = self.weight_placement if self.config.available else None
-        return [] if placement is None else plan_checks.device_problems(self, placement)
-
-    @cached_property
-    def dry_run(self) -> run_plan.Outcome:
-        """The dry run of generate() at the plan's batch and context on its placement, or why there is none."""
-        with meta_build.quiet():
-            return run_plan.dry_run(self)
-
-    @property
-    def run(self) -> run_figures.RunEstimate | None:
-        """The dry run's own figures (per device in ``.devices``); None when it could not answer."""
-        return self.dry_run.run
-
-    @cached_property
-    def reserves(self) -> dict[int | str, Reserve]:
-        """Per device the run uses, what the framework holds outside tensors: a stated figure and its source."""
-        labels = list(self.run.devices) if self.run is not None else []
-        found = run_plan.reserves(self, labels)
-        return {k if isinstance(k, int | str) else str(k): v for k, v in found.items()}
-
-    @cached_property
-    def context_fit(self) -> Fit | None:
-        """The search behind ``max_context`` (how many dry runs, which method)."""
-        with meta_build.quiet():
-            return run_plan.context_fit(self)
-
-    @cached_property
-    def batch_fit(self) -> Fit | None:
-        """The search behind ``max_batch``."""
-        with meta_build.quiet():
-            return run_plan.batch_fit(self)
-
-    @property
-    def max_context(self) -> int | None:
-        """Tokens per sequence (prompt + generated) that fit at this batch on this placement, up to the model's
-        maximum; 0 when not even the shortest run fits; None when the dry run can't answer."""
-        fit = self.context_fit
-        return None if fit is None else fit.value
-
-    @property
-    def max_batch(self) -> int | None:
-        """Sequences of this context that fit together on this placement (searched up to 4,096)."""
-        fit = self.batch_fit
-        return None if fit is None else fit.value
-
-    @cached_property
-    def load_peak(self) -> LoadPeak | None:
-        """The host's peak while from_pretrained reads the checkpoint (a dtype cast keeps a private copy)."""
-        return run_plan.load_peak(self)
 
     # ------------------------------------------------------------ dry run
 
@@ -535,7 +373,7 @@ def plan(model: str | Path | None = None, *, offline: bool = False, **arguments:
     model_config.kind(name)  # a mistyped path or id is a UserError now, not a problem later
     made = LoadPlan(name, plan_args(**arguments), offline=offline)
     if made.args.context is not None or made.args.encoder_length is not None:
-        run_plan.check_sizes(made)  # against the model's maximum positions: needs its config
+        run_plan.check_sizes(made.inputs, lambda: made.built)  # against the model's maximum positions
     return made
 
 

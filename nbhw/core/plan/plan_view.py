@@ -53,7 +53,7 @@ def plan_notes(plan: LoadPlan, *, run: bool = True) -> list[str]:
     out: list[str] = for_target.notes(plan.target, plan.dtype) if plan.target is not None else []
     if plan.target is not None and plan.config.available:
         out += plan.target_quantization[1]
-        if plan.attn_on_target:
+        if plan.built.attn_on_target:
             out.append(f"attn_implementation={plan.args.attn_implementation!r}: read from transformers' rules for the "
                        f"{plan.target.accelerator.name}, not built here")  # fmt: skip
     if not plan.config.available:
@@ -61,7 +61,7 @@ def plan_notes(plan: LoadPlan, *, run: bool = True) -> list[str]:
     out += plan.arguments.omitted
     out += [n for n in [_dtype_note(plan)] if n]
     attn = plan.args.attn_implementation
-    unbuilt = attn is not None and plan.build is None and plan.config.available and not plan.attn_on_target
+    unbuilt = attn is not None and plan.build is None and plan.config.available and not plan.built.attn_on_target
     # check() only where the note could be said: notes are read before a dry run too (the Load tab's first stage).
     if unbuilt and not any(p.startswith(f"attn_implementation={attn!r}") for p in plan.check()):
         out.append(f"attn_implementation={attn!r} needs a Hub kernel download at load: not checked")
@@ -346,7 +346,7 @@ def run_notes(plan: LoadPlan) -> list[str]:
     if run is None:
         return out
     out += [f"not in the dry run: {n}" for n in run.not_covered]
-    out += run_plan.margin_notes(plan)
+    out += run_plan.margin_notes(plan.inputs, plan.live, plan.run, plan.placement)
     out += budget_notes(plan)
     sources = {r.source for r in plan.reserves.values() if r.source}
     out += [f"reserve figure: {s} (--reserve SIZE sets your own)" for s in sorted(sources)]

@@ -397,7 +397,11 @@ def _device(load: LoadPlan, args: ServeArgs, parallel: Parallel) -> tuple[paged.
     share = placement.devices[0]
     if parallel.rank_weights is not None:
         return _rank_device(load, args, parallel, share, placement.budget_source)
-    if run_plan.backend_of(share.key, load) == "cpu" and args.device_memory is None and _cpu_only_torch():
+    if (
+        run_plan.backend_of(share.key, load.inputs, load.live) == "cpu"
+        and args.device_memory is None
+        and _cpu_only_torch()
+    ):
         return _this_cpu(share.bytes), share.device, "this machine's RAM as transformers reads it (total, this RSS)"
     device = _card(load, share, share.bytes)
     given = args.device_memory is not None  # passed to the load plan as its max_memory, but the user said device_memory
@@ -407,8 +411,8 @@ def _device(load: LoadPlan, args: ServeArgs, parallel: Parallel) -> tuple[paged.
 def _card(load: LoadPlan, share: DeviceShare, weights: int) -> paged.Device:
     """The serving device of ``share`` as transformers will read it: its budget, and ``weights`` with the framework's
     reserve held on it before the cache."""
-    backend = run_plan.backend_of(share.key, load)
-    reserve = run_plan.reserve(share.key, load)
+    backend = run_plan.backend_of(share.key, load.inputs, load.live)
+    reserve = run_plan.reserve(share.key, load.inputs, load.live)
     total = share.budget if share.budget is not None else 0
     held = weights + (reserve.bytes if reserve else 0)
     return paged.Device(TRANSFORMERS_KIND.get(backend, backend), total, held, backend in GRAPH_BACKENDS)

@@ -140,7 +140,7 @@ def test_attention_that_would_download_a_kernel_is_not_built(monkeypatch: pytest
     built: list[Any] = []
     real_build = meta_build.build
     monkeypatch.setattr(meta_build, "build", lambda *a, **k: built.append(k) or real_build(*a, **k))
-    from nbhw.core.plan import load_plan as plan_module
+    from nbhw.core.plan import stages as plan_module
 
     plan_module.clear_cache()
     plan = nbhw.plan(attn_implementation="flash_attention_2")

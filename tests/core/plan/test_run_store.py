@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from nbhw.core.plan import load_plan, run
+from nbhw.core.plan import load_plan, run, stages
 from tests.support import published
 
 
@@ -25,7 +25,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
 def new_kernel() -> None:
     """What a fresh process has in memory: no meta builds, no dry runs."""
-    load_plan.clear_cache()
+    stages.clear_cache()
     run.clear_results()
 
 
