@@ -1,17 +1,19 @@
 """The Load tab: controls whose choices come from this machine, and a live preview of the from_pretrained cell.
 
-Every change submits one job to the panels' worker (at once, off the kernel's thread), which hands the tab each
-part as soon as it is known, quickest first: the code (:func:`nbhw.core.plan.load_form.preview`, with the dtype the
-precision advice gives until the advisor's choices are known; uncoloured the first time, while pygments compiles its
-lexer), sent ahead of every other widget's update, then the choices and the dry run of from_pretrained's
-checks with the weights' placement, then the run at batch x context (one dry run of generate()) with each device's
-weights / cache / activations / reserve against its budget, then max context and max batch. The worker applies
-each part under the widgets' lock unless a newer change came in. "Insert cell below" and "Copy" run in the browser.
+Every change submits one job to the panels' worker (at once, off the kernel's thread), which iterates its parts
+(:func:`parts`, a generator) and hands the tab each as soon as it is known, quickest first: the code
+(:func:`nbhw.core.plan.load_form.preview`, with the dtype the precision advice gives until the advisor's choices are
+known; uncoloured the first time, while pygments compiles its lexer), sent ahead of every other widget's update, then
+the choices and the dry run of from_pretrained's checks with the weights' placement, then the run at batch x context
+(one dry run of generate()) with each device's weights / cache / activations / reserve against its budget, then max
+context and max batch. The worker applies each part under the widgets' lock unless a newer change came in, and stops
+the job then. "Insert cell below" and "Copy" run in the browser.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +24,6 @@ from nbhw.core.argument import Argument
 from nbhw.core.cache import Recent
 from nbhw.core.errors import UserError
 from nbhw.core.fit.fit_form import fit_form
-from nbhw.core.hf import dryrun
 from nbhw.core.plan import load_form
 from nbhw.core.plan.load_form import CONTROLS, Choices, Form, Option, Preview
 from nbhw.core.plan.plan_view import budget_html, coming, message_html, note_html, picture_html
@@ -105,48 +106,15 @@ class Result:
             self.code_html = highlight(self.preview.code)
 
 
-class _Keep:
-    """The ``post`` of a compute run outside the worker: every part is wanted."""
-
-    def __call__(self, partial: Result) -> bool:
-        return True
-
-    def stale(self) -> bool:
-        return False
-
-
-class _Handing:
-    """The ``post`` of the Load tab's first plan: hands its first part (the code) to the thread making the tab as
-    well, then posts it as the worker's Poster does."""
-
-    def __init__(self) -> None:
-        self.post: Any = _Keep()  # the worker's Poster, once the job runs
-        self.first: Result | None = None
-        self.ready = threading.Event()  # set by the first part, or by the job's end without one
-
-    def __call__(self, partial: Result) -> bool:
-        if self.first is None:
-            self.first = partial
-            self.ready.set()
-        return bool(self.post(partial))
-
-    def stale(self) -> bool:
-        return bool(self.post.stale())
-
-
-def compute(form: Form, post: Any = None) -> Result:
-    """Choices, preview and HTML for a form (the worker runs this off the kernel's thread); ``post`` (the worker's
-    Poster) receives each part as it is ready, and says False once a newer change made this one stale: the rest
-    is skipped, a dry run under way included (it stops between two ops)."""
-    post = post or _Keep()
+def parts(form: Form) -> Iterator[Result]:
+    """Choices, preview and HTML for a form, part by part as each is ready, every one ``done=False`` but the last (the
+    worker iterates this off the kernel's thread, and stops it once a newer change made it stale: the rest is not
+    computed, a dry run under way included)."""
     try:
-        with dryrun.interruptible(post.stale):
-            return _compute(form, post)
-    except dryrun.Interrupted:
-        return Result(form, None, Preview(form), "", "", "", done=False)  # stale: the worker drops it
+        yield from _parts(form)
     except Exception as exc:
         failed = Preview(form, error=unexpected(exc))
-        return Result(form, None, failed, "", "", message_html(failed, None))
+        yield Result(form, None, failed, "", "", message_html(failed, None))
 
 
 def _known_choices(form: Form) -> Choices | None:
@@ -156,28 +124,29 @@ def _known_choices(form: Form) -> Choices | None:
     return found if found is not None else _nearby.peek((model, device_map, offline, target))
 
 
-def _compute(form: Form, post: Any) -> Result:
+def _parts(form: Form) -> Iterator[Result]:
     choices = _known_choices(form)
     advised = choices.advised_dtype if choices is not None else load_form.quick_dtype(form)
     if form.dtype is None:
         if advised is None:
             asked = _choices_or_error(form)
             if isinstance(asked, Result):
-                return asked
+                yield asked
+                return
             choices, advised = asked, asked.advised_dtype
         form = form.with_dtype(advised)
     preview = load_form.preview(form)
     if preview.error is not None:
-        return Result(form, choices, preview, "", "", message_html(preview, choices))
+        yield Result(form, choices, preview, "", "", message_html(preview, choices))
+        return
     waiting = "<span class='nbhw-note'>checking with transformers…</span>"
-    first = Result(form, choices, preview, "", coming("the dry run and the estimate are coming"), waiting, done=False,
-                   advised=advised, code_html=quick_html(preview.code))  # fmt: skip
-    if not post(first):
-        return first  # stale: a newer change is queued
+    yield Result(form, choices, preview, "", coming("the dry run and the estimate are coming"), waiting, done=False,
+                 advised=advised, code_html=quick_html(preview.code))  # fmt: skip
     html = highlight(preview.code)  # the same HTML (cached) once the lexer is ready; the first time, coloured now
     found = _choices_or_error(form)
     if isinstance(found, Result):
-        return found
+        yield found
+        return
     plan = preview.plan
     assert plan is not None
     message = message_html(preview, found)
@@ -186,15 +155,11 @@ def _compute(form: Form, post: Any) -> Result:
     report = coming(f"the run at {plan.context:,} tokens, batch {plan.batch}: planning…") + plan.html(
         code=False, run=False
     )
-    checked = Result(form, found, preview, weights, report, message, notes, done=False, code_html=html)
-    if not post(checked):
-        return checked
+    yield Result(form, found, preview, weights, report, message, notes, done=False, code_html=html)
     picture = picture_html(preview, run=True) + budget_html(preview)
     report = coming("max context and max batch: searching…") + plan.html(code=False, searches=False)
-    sized = Result(form, found, preview, picture, report, message, notes, done=False, code_html=html)
-    if not post(sized):
-        return sized
-    return Result(form, found, preview, picture, plan.html(code=False), message, notes, code_html=html)
+    yield Result(form, found, preview, picture, report, message, notes, done=False, code_html=html)
+    yield Result(form, found, preview, picture, plan.html(code=False), message, notes, code_html=html)
 
 
 def _choices_or_error(form: Form) -> Choices | Result:
@@ -303,20 +268,25 @@ class LoadView:
         model whose config comes from the Hub), or at once when the worker is busy with another job (another
         panel's), the tab shows without its code, which follows.
         """
-        form, handing = self.form, _Handing()
+        form, ready = self.form, threading.Event()
+        first: list[Result] = []  # the first part, once computed
 
-        def job(post: Any) -> Result:
-            handing.post = post
+        def handing() -> Iterator[Result]:
+            """The form's parts, the first of them (the code, ``done=False``) handed to this thread as well."""
             try:
-                return compute(form, handing)
+                for part in parts(form):
+                    if not first and not part.done:
+                        first.append(part)
+                        ready.set()
+                    yield part
             finally:
-                handing.ready.set()
+                ready.set()  # the job's end (or its stop) without a first part
 
         idle = self.worker.idle()
-        self.worker.submit(self._key, job, self._apply, delay=0.0, progress=self._apply)
+        self.worker.submit_parts(self._key, handing, self._apply, delay=0.0)
         if idle:
-            handing.ready.wait(FIRST_CODE_WAIT)
-        return handing.first
+            ready.wait(FIRST_CODE_WAIT)
+        return first[0] if first else None
 
     def _make_widgets(self, form: Form, models: list[str], task: str) -> None:
         self._make_controls(form, models, task)
@@ -448,9 +418,7 @@ class LoadView:
     def refresh(self, delay: float = CONTROL_DELAY) -> int:
         """Plan the current form in the background, each part shown as it comes; the job's generation."""
         form = self.form
-        return self.worker.submit(
-            self._key, lambda post: compute(form, post), self._apply, delay=delay, progress=self._apply
-        )
+        return self.worker.submit_parts(self._key, lambda: parts(form), self._apply, delay=delay)
 
     # -- the mode: load / generate, train or serve
 

@@ -2,13 +2,15 @@
 a message line, the code box with "Insert cell below" and "Copy", and the plan's report.
 
 Every change submits one job to the panels' worker (at once, off the kernel's thread); a subclass says what the job
-computes (:meth:`ModeView.compute`: the plan of a :class:`~nbhw.core.control_form.ControlsForm`, and its HTML) and
-may hand a first part before the rest (``post``). The Load tab (:mod:`nbhw.ui.load`) embeds a mode's box below its
-model box and mode switch and hands it the model (:meth:`ModeView.follow`).
+computes (:meth:`ModeView.parts`: the plan of a :class:`~nbhw.core.control_form.ControlsForm` and its HTML, a
+generator that may yield a first part before the rest), and the worker shows each part as it comes. The Load tab
+(:mod:`nbhw.ui.load`) embeds a mode's box below its model box and mode switch and hands it the model
+(:meth:`ModeView.follow`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -56,19 +58,12 @@ class ModeResult:
         return cls(preview, mistake_html(str(preview.error)), "")
 
 
-class Keep:
-    """The ``post`` of a compute run outside the worker: every part is wanted."""
-
-    def __call__(self, partial: ModeResult) -> bool:
-        return True
-
-
 class ModeView:
     """A mode's widgets over its form; every change re-plans in the background.
 
     One control per declared argument that names one (the form's ``CONTROLS``), in declaration order, each with its
     declared help beside it. A subclass names its ``NAME`` (the task: the CSS classes ``nbhw-NAME`` and
-    ``nbhw-NAME-report``), what the message says while ``PLANNING``, its ``PREVIEW`` class and :meth:`compute`.
+    ``nbhw-NAME-report``), what the message says while ``PLANNING``, its ``PREVIEW`` class and :meth:`parts`.
     """
 
     NAME: ClassVar[str] = ""
@@ -98,9 +93,8 @@ class ModeView:
             control.observe(self._changed, names="value")
         self.refresh(delay=0.0)
 
-    def compute(self, form: Any, post: Any) -> ModeResult:
-        """The plan and its HTML for a form (on the worker's thread); ``post`` receives a first part and says False
-        once a newer change made this one stale."""
+    def parts(self, form: Any) -> Iterator[ModeResult]:
+        """The plan and its HTML for a form, part by part (on the worker's thread): each ``done=False`` but the last."""
         raise NotImplementedError
 
     def _planning(self) -> str:
@@ -156,16 +150,14 @@ class ModeView:
     def refresh(self, delay: float = CONTROL_DELAY) -> int:
         """Plan the current form in the background; the job's generation."""
         form = self.form
-        return self.worker.submit(
-            self._key, lambda post: self._guarded(form, post), self._apply, delay=delay, progress=self._apply
-        )
+        return self.worker.submit_parts(self._key, lambda: self._guarded(form), self._apply, delay=delay)
 
-    def _guarded(self, form: Any, post: Any) -> ModeResult:
-        """compute(), with a bug shown as the tab's one line rather than leaving it waiting."""
+    def _guarded(self, form: Any) -> Iterator[ModeResult]:
+        """parts(), with a bug shown as the tab's one line rather than leaving it waiting."""
         try:
-            return self.compute(form, post)
+            yield from self.parts(form)
         except Exception as exc:
-            return ModeResult.mistake(self.PREVIEW(form, error=unexpected(exc)))
+            yield ModeResult.mistake(self.PREVIEW(form, error=unexpected(exc)))
 
     def _apply(self, result: ModeResult) -> None:
         """Show a result (under the widgets' lock, on the worker's thread)."""

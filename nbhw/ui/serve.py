@@ -11,7 +11,7 @@ model box and mode switch.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
 
 from nbhw.core import render
 from nbhw.core.serve import serve_form
@@ -36,21 +36,22 @@ def report_html(plan: ServePlan) -> str:
     return table + command
 
 
-def compute(form: ServeForm, post: Any = None) -> ModeResult:
-    """The serving plan and its HTML for a form (the worker runs this off the kernel's thread; one part: the plan
+def parts(form: ServeForm) -> Iterator[ModeResult]:
+    """The serving plan and its HTML for a form (the worker iterates this off the kernel's thread; one part: the plan
     takes well under a second once the model's config is read)."""
     preview = serve_form.preview(form)
     if preview.plan is None:
-        return ModeResult.mistake(preview)
-    return ModeResult(preview, message_html(preview.plan), report_html(preview.plan))
+        yield ModeResult.mistake(preview)
+        return
+    yield ModeResult(preview, message_html(preview.plan), report_html(preview.plan))
 
 
 class ServeView(ModeView):
     """The Serve mode's widgets over a :class:`ServeForm` (a control per declared serving argument that names one,
     :data:`nbhw.core.serve.serve_form.SERVE_CONTROLS`); every change re-plans in the background."""
 
-    def compute(self, form: ServeForm, post: Any) -> ModeResult:
-        return compute(form, post)
+    def parts(self, form: ServeForm) -> Iterator[ModeResult]:
+        return parts(form)
 
     NAME = "serve"
     PLANNING = "planning the paged cache…"

@@ -9,13 +9,13 @@ dry runs). The widgets and their job are a Load tab mode's (:mod:`nbhw.ui.mode`)
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
 
 from nbhw.core import render
 from nbhw.core.plan.plan_view import coming
 from nbhw.core.train import train_form
 from nbhw.core.train.train_form import TrainForm, TrainPreview
-from nbhw.ui.mode import Keep, ModeResult, ModeView, mistake_html
+from nbhw.ui.mode import ModeResult, ModeView, mistake_html
 
 MARKS = {True: "✓", False: "✗", None: "?"}
 
@@ -44,20 +44,19 @@ def largest_batch_html(preview: TrainPreview) -> str:
     return f'<p class="nbhw-largest-batch"><b>Largest batch that fits: {rows}</b> per device ({where})</p>'
 
 
-def compute(form: TrainForm, post: Any = None) -> ModeResult:
-    """The training plan and its HTML for a form (the worker runs this off the kernel's thread); ``post`` receives
-    the plan as soon as it is known, and says False once a newer change made this one stale."""
-    post = post or Keep()
+def parts(form: TrainForm) -> Iterator[ModeResult]:
+    """The training plan and its HTML for a form (the worker iterates this off the kernel's thread): the plan as soon
+    as it is known, then with the largest batch."""
     preview = train_form.preview(form)
     if preview.error is not None:
-        return ModeResult.mistake(preview)
+        yield ModeResult.mistake(preview)
+        return
     assert preview.plan is not None
     first = ModeResult(preview, message_html(preview), coming("largest batch: searching…") + preview.plan.html(),
                        done=False)  # fmt: skip
-    if not post(first):
-        return first
-    return ModeResult(preview, first.message, largest_batch_html(preview) + preview.plan.html(),
-                      code_html=first.code_html)  # fmt: skip
+    yield first
+    yield ModeResult(preview, first.message, largest_batch_html(preview) + preview.plan.html(),
+                     code_html=first.code_html)  # fmt: skip
 
 
 class TrainView(ModeView):
@@ -73,5 +72,5 @@ class TrainView(ModeView):
     PREVIEW = TrainPreview
     LABEL_WIDTH = "220px"  # the longest name, gradient_accumulation_steps, whole
 
-    def compute(self, form: TrainForm, post: Any) -> ModeResult:
-        return compute(form, post)
+    def parts(self, form: TrainForm) -> Iterator[ModeResult]:
+        return parts(form)

@@ -1,10 +1,12 @@
 """The panels' background work: the newest job of each kind runs after a short quiet time, off the kernel's thread.
 
-A control change submits a job. The worker waits until changes of that kind stop for ``debounce`` seconds, runs
-the newest job's ``compute`` outside any lock, then calls its ``apply`` under :data:`LOCK` (the one lock every nbhw
-widget is mutated under) only if no newer job of the same kind came in meanwhile: a stale result never overwrites
-a newer one. The thread is named ``nbhw-panel``, never prints, and stops with :meth:`Worker.stop` (the last panel
-closing, ``%unload_ext nbhw``).
+A control change submits a job. The worker waits until changes of that kind stop for ``debounce`` seconds, then
+iterates the newest job's parts (a plain generator, :meth:`Worker.submit_parts`; one part for :meth:`Worker.submit`)
+outside any lock, and calls its ``apply`` with each part under :data:`LOCK` (the one lock every nbhw widget is
+mutated under) only if no newer job of the same kind came in meanwhile: a stale result never overwrites a newer one.
+A stale job stops: its generator is closed before its next part, and a dry run under way stops between two ops
+(:func:`nbhw.core.hf.dryrun.interruptible`). The thread is named ``nbhw-panel``, never prints, and stops with
+:meth:`Worker.stop` (the last panel closing, ``%unload_ext nbhw``).
 """
 
 from __future__ import annotations
@@ -13,13 +15,16 @@ import functools
 import itertools
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Generator, Hashable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
+from nbhw.core.hf import dryrun
 from nbhw.ui.memory import LOCK  # the one lock of every nbhw widget, shared with the memory graph
 
-__all__ = ["CONTROL_DELAY", "DEBOUNCE", "LOCK", "THREAD_NAME", "Job", "Poster", "Worker", "locked"]
+__all__ = ["CONTROL_DELAY", "DEBOUNCE", "LOCK", "THREAD_NAME", "Job", "Worker", "last", "locked"]
+
+T = TypeVar("T")
 
 DEBOUNCE = 0.15
 # A change of a control is one message (dropdowns, checkboxes, and text fields on Enter), so the Load tab and its
@@ -34,21 +39,26 @@ def unexpected(exc: Exception) -> str:
     return f"nbhw failed here ({type(exc).__name__}: {exc}); please report it with %hw report"
 
 
-@dataclass
-class Job:
-    """One submitted piece of work: compute off the lock, apply under it if still the newest of its kind.
+def last(parts: Iterable[T]) -> T:
+    """The final part of a staged compute, every part computed (a caller outside the worker: text, tests)."""
+    *_, final = parts
+    return final
 
-    With ``progress``, ``compute`` is called with a function that hands it a partial result: applied at once by
-    ``progress`` under the lock, unless a newer job of the same kind came in (the slow parts fill in after). That
-    function returns False once the job is stale, so ``compute`` can stop early.
-    """
+
+def _one(compute: Callable[[], T]) -> Iterator[T]:
+    yield compute()
+
+
+@dataclass
+class Job(Generic[T]):
+    """One submitted piece of work: its parts computed off the lock, each applied under it while still the newest of
+    its kind (the slow parts fill in after the quick ones)."""
 
     key: Hashable
     generation: int
-    compute: Callable[..., Any]
-    apply: Callable[[Any], None]
+    parts: Callable[[], Iterator[T]]
+    apply: Callable[[T], None]
     due: float
-    progress: Callable[[Any], None] | None = None
 
 
 class Worker:
@@ -61,7 +71,7 @@ class Worker:
         self.applied = 0
         self.dropped = 0
         self._cond = threading.Condition()
-        self._pending: dict[Hashable, Job] = {}
+        self._pending: dict[Hashable, Job[Any]] = {}
         self._newest: dict[Hashable, int] = {}
         self._generations = itertools.count(1)
         self._busy = False
@@ -69,24 +79,23 @@ class Worker:
         self._thread: threading.Thread | None = None
 
     def submit(
-        self,
-        key: Hashable,
-        compute: Callable[..., Any],
-        apply: Callable[[Any], None],
-        delay: float | None = None,
-        progress: Callable[[Any], None] | None = None,
+        self, key: Hashable, compute: Callable[[], T], apply: Callable[[T], None], delay: float | None = None
     ) -> int:
-        """Queue work for ``key``, replacing any not yet started; its generation (0 once stopped).
+        """Queue work for ``key``, replacing any not yet started; its generation (0 once stopped)."""
+        return self.submit_parts(key, functools.partial(_one, compute), apply, delay)
 
-        ``progress``: ``compute`` takes one argument, a function it calls with each partial result (see Job).
-        """
+    def submit_parts(
+        self, key: Hashable, parts: Callable[[], Iterator[T]], apply: Callable[[T], None], delay: float | None = None
+    ) -> int:
+        """Queue a staged job for ``key`` (as :meth:`submit`): ``apply`` receives each part ``parts()`` yields, as it
+        comes, until the job is stale; then the generator is closed, so no later part is computed."""
         with self._cond:
             if self._stopped:
                 return 0
             generation = next(self._generations)
             self._newest[key] = generation
             due = time.monotonic() + (self.debounce if delay is None else delay)
-            self._pending[key] = Job(key, generation, compute, apply, due, progress)
+            self._pending[key] = Job(key, generation, parts, apply, due)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
@@ -98,7 +107,7 @@ class Worker:
         with self._cond:
             return not self._stopped and self._newest.get(key) == generation
 
-    def _next(self) -> Job | None:
+    def _next(self) -> Job[Any] | None:
         with self._cond:
             while not self._stopped:
                 if not self._pending:
@@ -117,13 +126,10 @@ class Worker:
     def _run(self) -> None:
         while (job := self._next()) is not None:
             try:
-                result = job.compute(self._poster(job)) if job.progress is not None else job.compute()
-                with LOCK:
-                    if self.current(job.key, job.generation):
-                        job.apply(result)
-                        self.applied += 1
-                    else:
-                        self.dropped += 1
+                if self._iterate(job):
+                    self.applied += 1
+                else:
+                    self.dropped += 1
             except Exception as exc:  # a bug in a view must not end the thread every panel shares
                 self.errors.append(exc)
             finally:
@@ -131,8 +137,32 @@ class Worker:
                     self._busy = False
                     self._cond.notify_all()
 
-    def _poster(self, job: Job) -> Poster:
-        return Poster(self, job)
+    def _iterate(self, job: Job[Any]) -> bool:
+        """Apply each part of a job while it is the newest of its kind; whether it ran to its end (else it went stale).
+
+        Staleness is asked under the lock before a part is applied, and again before the next one is computed; while
+        a part is computed, a dry run asks every few hundred ops and stops with ``Interrupted``.
+        """
+
+        def stale() -> bool:
+            return not self.current(job.key, job.generation)
+
+        with dryrun.interruptible(stale):
+            parts = job.parts()
+            try:
+                for part in parts:
+                    with LOCK:
+                        if stale():
+                            return False
+                        job.apply(part)
+                    if stale():  # before the next part is computed
+                        return False
+                return True
+            except dryrun.Interrupted:
+                return False
+            finally:
+                if isinstance(parts, Generator):  # its own cleanup runs now, not whenever it is collected
+                    parts.close()
 
     def idle(self) -> bool:
         """Nothing queued and nothing running."""
@@ -156,7 +186,7 @@ class Worker:
         return self._thread is not None and self._thread.is_alive()
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Drop queued work, let a running job finish (its result is dropped), and join the thread. Idempotent."""
+        """Drop queued work, stop a running job at its next part (its dry run between two ops), join. Idempotent."""
         with self._cond:
             self._stopped = True
             self._pending.clear()
@@ -164,26 +194,6 @@ class Worker:
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
-
-
-class Poster:
-    """What a job's ``compute`` is handed with ``progress``: call it with a partial result (applied under the lock if
-    the job is still the newest of its kind; it says whether it is), ask ``stale()`` between slow steps."""
-
-    def __init__(self, worker: Worker, job: Job) -> None:
-        self.worker = worker
-        self.job = job
-
-    def __call__(self, partial: Any) -> bool:
-        with LOCK:
-            if self.job.progress is None or self.stale():
-                return False
-            self.job.progress(partial)
-            return True
-
-    def stale(self) -> bool:
-        """Whether a newer job of the same kind came in (or the worker stopped)."""
-        return not self.worker.current(self.job.key, self.job.generation)
 
 
 @functools.cache

@@ -31,7 +31,8 @@ from nbhw.core.plan.load_form import Form
 from nbhw.ui import memory as memory_ui
 from nbhw.ui.attention import advice_html
 from nbhw.ui.devices import devices_html
-from nbhw.ui.load import compute
+from nbhw.ui.load import parts
+from nbhw.ui.worker import last
 from tests.support import fakes
 from tests.support.fakes import GIB, FakeGpu, FakeHardware
 from tests.support.memcomm import open_widgets
@@ -162,7 +163,7 @@ def test_the_panel_tabs_say_what_is_missing_and_still_plan(fault: Fault) -> None
     assert fault.devices.replace("'", "&#x27;") in devices_html()
     advice = advice_html("", "", "", offline=True)
     assert "nbhw-bad" not in advice.html and "eager" in advice.html
-    result = compute(Form(str(tiny_model_path()), dtype="float32"))
+    result = last(parts(Form(str(tiny_model_path()), dtype="float32")))
     assert result.preview.error is None and "from_pretrained" in result.preview.code
 
 

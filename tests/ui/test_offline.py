@@ -23,7 +23,8 @@ from nbhw.core.hf import model_config
 from nbhw.core.plan.load_form import Form
 from nbhw.ui.attention import advice_html
 from nbhw.ui.devices import devices_html
-from nbhw.ui.load import compute
+from nbhw.ui.load import parts
+from nbhw.ui.worker import last
 
 HUB_ID = "nbhw-test/not-in-any-cache-7b"
 
@@ -88,7 +89,7 @@ def test_with_hf_hub_offline_nothing_connects_and_a_hub_id_still_gets_its_code(
     assert plan.check() == [f"config not available offline: {HUB_ID} is not in the local HF cache"]
     assert "config not available offline" in plan.text() and plan.to_dict()["code"] == plan.code
 
-    preview = compute(Form(HUB_ID, dtype="bfloat16")).preview  # the panel's Load tab
+    preview = last(parts(Form(HUB_ID, dtype="bfloat16"))).preview  # the panel's Load tab
     valid_code_for(preview.code, HUB_ID)
     assert preview.problems == plan.check()
 
@@ -119,7 +120,7 @@ def test_offline_flags_never_connect_even_when_the_hub_is_allowed(hub_online: No
     assert plan.check() == [f"config not available offline: {HUB_ID} is not in the local HF cache"]
     with pytest.raises(nbhw.UserError, match="config not available offline"):
         nbhw.attention(HUB_ID, offline=True)
-    preview = compute(Form(HUB_ID, dtype="float32", offline=True)).preview
+    preview = last(parts(Form(HUB_ID, dtype="float32", offline=True))).preview
     valid_code_for(preview.code, HUB_ID)
     assert "Who picks what here" in nbhw.detect().text() and nbhw.report().to_dict()["packages"]
     assert tried == []
@@ -140,6 +141,6 @@ def test_online_with_the_network_down_the_hub_fails_fast_and_the_code_is_still_t
     assert time.monotonic() - started < 5
     # The panel re-plans on every change: for a minute nbhw does not ask again.
     attempts = len(tried)
-    preview = compute(Form(HUB_ID, dtype="float32")).preview
+    preview = last(parts(Form(HUB_ID, dtype="float32"))).preview
     valid_code_for(preview.code, HUB_ID)
     assert "the Hub did not answer" in preview.problems[0] and len(tried) == attempts

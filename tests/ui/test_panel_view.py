@@ -22,7 +22,7 @@ from IPython.core.error import UsageError
 
 import nbhw
 from nbhw.core.fit.fit_form import fit_form
-from nbhw.core.hf import meta_build
+from nbhw.core.hf import dryrun, meta_build
 from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.core.plan import codegen, load_form, plan_view
 from nbhw.core.plan.load_form import Form
@@ -33,7 +33,7 @@ from nbhw.ui import memory as memory_ui
 from nbhw.ui import panel as panels
 from nbhw.ui.codebox import highlight
 from nbhw.ui.load import LoadView
-from nbhw.ui.worker import LOCK, THREAD_NAME, Worker
+from nbhw.ui.worker import LOCK, THREAD_NAME, Worker, last
 from tests.support.memcomm import open_widgets
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,6 +95,65 @@ def test_a_burst_of_changes_is_computed_once(worker: Worker) -> None:
         worker.submit("k", lambda i=i: computed.append(i) or i, applied.append)
     settle(worker)
     assert computed == [19] and applied == [19]
+
+
+def test_a_staged_job_shows_its_parts_in_order_and_a_stale_one_computes_no_later_part(worker: Worker) -> None:
+    applied: list[tuple[str, bool]] = []
+    computed: list[str] = []
+    closed: list[str] = []
+
+    def staged(job: str) -> Iterator[tuple[str, bool]]:
+        try:
+            for name in ("code", "checks", "run"):
+                computed.append(f"{job} {name}")
+                yield f"{job} {name}", name == "run"  # (the part, done)
+        finally:
+            closed.append(job)
+
+    def apply(part: tuple[str, bool]) -> None:
+        applied.append(part)
+        if part[0] == "old code":  # a control changes right after the first part shows
+            worker.submit_parts("k", lambda: staged("new"), apply, delay=0)
+
+    worker.submit_parts("k", lambda: staged("old"), apply, delay=0)
+    settle(worker)
+    assert computed == ["old code", "new code", "new checks", "new run"]  # "old checks" never computed
+    assert applied == [("old code", False), ("new code", False), ("new checks", False), ("new run", True)]
+    assert closed == ["old", "new"] and (worker.applied, worker.dropped) == (1, 1)
+
+
+def test_a_stale_jobs_dry_run_stops_between_two_ops(worker: Worker) -> None:
+    import torch
+
+    applied: list[str] = []
+    ops: list[int] = []
+
+    def staged() -> Iterator[str]:
+        yield "code"
+        x = torch.ones(4, device="meta")
+        with dryrun.tracker():
+            for i in range(20 * dryrun.CHECK_EVERY):
+                if i == dryrun.CHECK_EVERY // 2:  # a control changes while the run is being counted
+                    worker.submit("k", lambda: "newer", applied.append, delay=0)
+                x = x + 1
+                ops.append(i)
+        yield "run"
+
+    worker.submit_parts("k", staged, applied.append, delay=0)
+    settle(worker)
+    assert applied == ["code", "newer"]
+    assert len(ops) < dryrun.CHECK_EVERY  # stopped at the tracker's next ask, not at the end of the part
+
+
+def test_the_load_tabs_parts_come_quickest_first_and_only_the_last_is_done(tiny: str) -> None:
+    parts = list(load_ui.parts(Form(tiny)))
+    assert [p.done for p in parts] == [False, False, False, True]
+    said = ["the dry run and the estimate are coming", "the run at 256 tokens", "max context and max batch"]
+    assert [text_of(p.report).startswith(s) for p, s in zip(parts[:3], said, strict=True)] == [True, True, True]
+    assert parts[0].message == "<span class='nbhw-note'>checking with transformers…</span>"
+    assert all("nbhw-coming" in p.report for p in parts[:3]) and "nbhw-coming" not in parts[-1].report
+    final = last(load_ui.parts(Form(tiny)))  # outside the worker: the whole answer
+    assert final.done and final.preview.code == parts[-1].preview.code
 
 
 def test_jobs_of_different_kinds_all_run_and_apply_under_the_widget_lock(worker: Worker) -> None:
@@ -375,10 +434,13 @@ def test_a_new_load_tab_has_its_first_code_with_its_first_display(tiny: str, mon
     monkeypatch.setattr(load_ui, "FIRST_CODE_WAIT", 60.0)
     p = nbhw.panel(tiny, tab="Load")
     try:
-        p.widget  # noqa: B018 (what the first display builds)
-        # Before the worker has finished: the code is there, and the rest is said to be coming.
-        assert p.load.code.code == nbhw.plan(tiny, dtype=p.load.form.dtype).code.rstrip("\n")
-        assert "coming" in p.load.report.value
+        # Holding the widgets' lock keeps the worker from applying any part: what shows was handed to the display.
+        # (Without it, a plan this process already made could show every part before the asserts.)
+        with LOCK:
+            p.widget  # noqa: B018 (what the first display builds)
+            # Before the worker has applied a part: the code is there, and the rest is said to be coming.
+            assert p.load.code.code == nbhw.plan(tiny, dtype=p.load.form.dtype).code.rstrip("\n")
+            assert "coming" in p.load.report.value
         settle(panels.shared_worker())
         assert "right after the prefill" in p.load.report.value  # the run estimate filled in after it
     finally:
