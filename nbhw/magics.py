@@ -17,9 +17,13 @@ from nbhw.core.errors import UserError
 from nbhw.core.memory.out_of_memory import is_out_of_memory
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from nbhw.core.argument import Argument
     from nbhw.core.plan.load_plan import LoadPlan
+    from nbhw.core.serve.arguments import ServeArgs
     from nbhw.core.serve.serve_plan import ServePlan
+    from nbhw.core.train.arguments import TrainArgs
     from nbhw.core.train.train_plan import TrainPlan
 
 
@@ -136,7 +140,13 @@ class HwMagics(Magics):
 
         self._load_mode(plan, plan.args, SERVE_ARGUMENTS, args)
 
-    def _load_mode(self, plan: Any, asked: Any, declared: tuple[Argument, ...], args: argparse.Namespace) -> None:
+    def _load_mode(
+        self,
+        plan: TrainPlan | ServePlan,
+        asked: TrainArgs | ServeArgs,
+        declared: tuple[Argument, ...],
+        args: argparse.Namespace,
+    ) -> None:
         """The Load tab in the mode of ``args.task`` when every word given has a control there, else the answer."""
         from nbhw.core.argument import given
 
@@ -147,7 +157,7 @@ class HwMagics(Magics):
         # On the plan's model (None: nbhw's tiny one), with the words as the plan read them ("4k": 4096).
         self._open_load_tab(plan.model, args, task=args.task, **{name: getattr(asked, name) for name in names})
 
-    def _has_controls(self, declared: tuple[Argument, ...], names: Any) -> bool:
+    def _has_controls(self, declared: tuple[Argument, ...], names: Iterable[str]) -> bool:
         """In a kernel, whether the Load tab has a control for every argument the line gave (--reserve, --pinned:
         the report instead)."""
         return in_kernel(self.shell) and all(a.control for a in declared if a.name in set(names))

@@ -218,11 +218,11 @@ def _accelerators(budget: dict[MemoryKey, int] | None) -> dict[int, int]:
 
 def new_search(model: str, pinned: dict[str, Any], offline: bool, args: FitArgs, base: LoadPlan) -> Search:
     named = "max_memory" in pinned
-    budget = base.args.max_memory_bytes if named else dict(base.live.max_memory)
+    budget = base.args.max_memory_bytes if named else dict(base.placed.live.max_memory)
     # A catalog target's memory is the catalog's (max_memory can't be given beside it): searched whole, no shares.
     shared = any(is_accelerator(k) for k in budget or {}) and base.target is None
     stages = (0,) if args.accelerators_only else tuple(range(len(WHERE)))
-    found = options(base.checkpoint_dtype, pinned, has_budget=shared)
+    found = options(base.inputs.checkpoint_dtype, pinned, has_budget=shared)
     return Search(model, pinned, offline, budget, named or base.target is not None, stages, found, base)
 
 
@@ -289,7 +289,7 @@ def _more_cards(search: Search, target: Target) -> Iterator[Change]:
         more = Target(target.accelerator, cards)
         pinned = {**search.pinned, "target": more}
         base = plan(search.model, offline=search.offline, **pinned)
-        wider = Search(search.model, pinned, search.offline, dict(base.live.max_memory), True, search.stages,
+        wider = Search(search.model, pinned, search.offline, dict(base.placed.live.max_memory), True, search.stages,
                        search.options, base)  # fmt: skip
         answer, _ = wider.run()
         if answer is not None:

@@ -99,7 +99,7 @@ class Comparison:
 
 def planned_attention(plan: LoadPlan) -> dict[str, str | None]:
     """What transformers set on the plan's meta build (its own __init__ resolved the default), per config."""
-    build = plan.build
+    build = plan.built.build
     if build is None or not build.ok or build.model is None:
         return {"": plan.args.attn_implementation or DEFAULT_ATTENTION}
     config = build.model.config
@@ -141,7 +141,7 @@ def _device_map(plan: LoadPlan, loaded: LoadedModel) -> list[Difference]:
     placement = plan.weight_placement
     if placement is None:
         return []
-    accelerator = plan.live.accelerator
+    accelerator = plan.placed.live.accelerator
     planned = {k: device_key(v, accelerator) for k, v in placement.device_map.items()}
     measured = dict(loaded.device_map or {})
     if not measured:
@@ -220,8 +220,8 @@ def plan_at(plan: LoadPlan, batch: int, tokens: int) -> LoadPlan:
     if batch == plan.batch and tokens == plan.context:
         return plan
     context = max(tokens, 2)
-    if plan.context_limit:
-        context = min(context, plan.context_limit)
+    if plan.inputs.context_limit:
+        context = min(context, plan.inputs.context_limit)
     made = LoadPlan(plan.model, replace(plan.args, batch=batch, context=context), offline=plan.offline)
     return _SIZED.get((id(plan), batch, context), lambda: made)
 
@@ -230,7 +230,7 @@ def _run_peak(plan: LoadPlan, device: str) -> int | None:
     placement = plan.placement
     if placement is None:
         return None
-    accelerator = plan.live.accelerator
+    accelerator = plan.placed.live.accelerator
     found = [s.peak_bytes for s in placement.devices if device_key(s.key, accelerator) == device]
     return found[0] if found and found[0] is not None else None
 

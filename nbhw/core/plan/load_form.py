@@ -497,7 +497,7 @@ def units(plan: LoadPlan) -> list[Unit]:
     model, placement = plan.meta_model, plan.weight_placement
     if model is None or placement is None or not placement.device_map:
         return []
-    sizes, _ = module_sizes(model, plan.quantizer, only_modules=False)
+    sizes, _ = module_sizes(model, plan.built.quantizer, only_modules=False)
     layers = set(layer_names(model))
     found: list[Unit] = []
     inside: str | None = None
@@ -507,7 +507,7 @@ def units(plan: LoadPlan) -> list[Unit]:
         inside = None
         own = any(True for _ in module.parameters(recurse=False))
         if name in layers or (own and name):
-            device = device_name(_device_of(name, placement.device_map), plan.live.accelerator)
+            device = device_name(_device_of(name, placement.device_map), plan.placed.live.accelerator)
             found.append(Unit(name, device, int(sizes.get(name, 0)), name in layers))
             inside = name
     return found
@@ -535,7 +535,7 @@ def preview(form: Form) -> Preview:
 
 def size_notes(plan: LoadPlan) -> dict[str, str]:
     """The notes beside the run's size controls: what each means for this model, and its default."""
-    limit = plan.context_limit
+    limit = plan.inputs.context_limit
     most = f"; this model takes at most {limit:,}" if limit and limit < run_search.NO_LIMIT else ""
     default = f" (default {plan.context:,})" if plan.args.context is None else ""
     notes = {

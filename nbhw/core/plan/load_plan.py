@@ -21,10 +21,8 @@ from nbhw.core.hf.tiny_model import tiny_model_path
 from nbhw.core.plan import codegen, plan_checks, plan_view, run_figures, run_plan, stages
 from nbhw.core.plan.arguments import PLAN_ARGUMENTS, PlanArgs, plan_args
 from nbhw.core.plan.estimate import Estimate
-from nbhw.core.plan.outside_tensors import LoadPeak, Reserve
 from nbhw.core.plan.pinned import Pin, read_pin
-from nbhw.core.plan.placement import LiveMemory, Placement
-from nbhw.core.plan.quantized_sizes import PlanningQuantizer
+from nbhw.core.plan.placement import Placement
 from nbhw.core.plan.run_search import Fit
 from nbhw.core.render import Shown
 
@@ -110,21 +108,9 @@ class LoadPlan(Shown):
         return self.inputs.config
 
     @property
-    def auto_class(self) -> str:
-        return self.inputs.auto_class
-
-    @property
-    def config_dtype(self) -> str | None:
-        return self.inputs.config_dtype
-
-    @property
     def dtype(self) -> str:
         """The dtype the weights will have: yours, else the config's, else the weights', else float32."""
         return self.inputs.dtype
-
-    @property
-    def checkpoint_dtype(self) -> str:
-        return self.inputs.checkpoint_dtype
 
     @property
     def target(self) -> Target | None:
@@ -137,10 +123,6 @@ class LoadPlan(Shown):
         return list(self.inputs.rows)
 
     @property
-    def context_limit(self) -> int | None:
-        return self.inputs.context_limit
-
-    @property
     def context(self) -> int:
         """Tokens per sequence the run is planned for (prompt + generated)."""
         return self.inputs.context
@@ -151,22 +133,9 @@ class LoadPlan(Shown):
         return self.args.batch
 
     @property
-    def default_device(self) -> str:
-        return self.inputs.default_device
-
-    @property
-    def build(self) -> meta_build.MetaBuild | None:
-        """The meta build with your dtype and attn_implementation (None without a config or if it needs a download)."""
-        return self.built.build
-
-    @property
     def meta_model(self) -> PreTrainedModel | None:
         """A meta-device model in the plan's dtype for sizes (built with default attention if yours was refused)."""
         return self.built.model
-
-    @property
-    def quantizer(self) -> PlanningQuantizer | None:
-        return self.built.quantizer
 
     @property
     def weight_estimate(self) -> Estimate | None:
@@ -174,22 +143,9 @@ class LoadPlan(Shown):
         return self.built.weights
 
     @property
-    def attn_download(self) -> bool:
-        return self.built.attn_download
-
-    @property
-    def live(self) -> LiveMemory:
-        """The free memory device_map="auto" would fill here, read once (a target's: its catalog memory)."""
-        return self.placed.live
-
-    @property
     def weight_placement(self) -> Placement | None:
         """The device_map transformers would compute, per device, with a weights-only verdict (no dry run)."""
         return self.placed.placement
-
-    @property
-    def run_target(self) -> str:
-        return self.placed.run_target
 
     @property
     def dry_run(self) -> run_plan.Outcome:
@@ -200,16 +156,6 @@ class LoadPlan(Shown):
     def run(self) -> run_figures.RunEstimate | None:
         """The dry run's own figures (per device in ``.devices``); None when it could not answer."""
         return self.ran.outcome.run
-
-    @property
-    def reserves(self) -> dict[int | str, Reserve]:
-        """Per device the run uses, what the framework holds outside tensors: a stated figure and its source."""
-        return self.ran.reserves
-
-    @property
-    def load_peak(self) -> LoadPeak | None:
-        """The host's peak while from_pretrained reads the checkpoint (a dtype cast keeps a private copy)."""
-        return self.ran.load_peak
 
     @property
     def estimate(self) -> Estimate | None:
@@ -260,12 +206,14 @@ class LoadPlan(Shown):
     @cached_property
     def arguments(self) -> codegen.Arguments:
         """The keyword arguments the cell passes, and why the others are left out."""
-        return codegen.call_arguments(self.args, config_dtype=self.config_dtype, default_device=self.default_device)
+        return codegen.call_arguments(
+            self.args, config_dtype=self.inputs.config_dtype, default_device=self.inputs.default_device
+        )
 
     @cached_property
     def code(self) -> str:
         """The cell a person would write: imports, tokenizer, from_pretrained, a short generation."""
-        code = codegen.cell(self.model, self.auto_class, self.arguments)
+        code = codegen.cell(self.model, self.inputs.auto_class, self.arguments)
         _WRITTEN.put(code, self)  # after the cell runs, nbhw.loaded() finds the plan that wrote it
         return code
 

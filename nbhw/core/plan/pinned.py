@@ -289,7 +289,7 @@ def planned_bytes(plan: LoadPlan) -> dict[str, int]:
     placement = plan.weight_placement
     if placement is None:
         return {}
-    accelerator = plan.live.accelerator
+    accelerator = plan.placed.live.accelerator
     found: dict[str, int] = {}
     for share in placement.devices:
         key = device_key(share.key, accelerator)

@@ -46,7 +46,7 @@ def checked(plan: LoadPlan) -> Checked:
     if not plan.config.available:
         return Checked((plan.config.problem or f"config of {plan.model!r} not available",))
     problems = kernel_problems(plan)
-    build = plan.build
+    build = plan.built.build
     if build is not None and not build.ok:
         problems.append(f"transformers refuses the model build: {build.error_type}: {build.error}")
     problems += quantization_problems(plan) if plan.target is None else target_problems(plan)
@@ -60,14 +60,14 @@ def checked(plan: LoadPlan) -> Checked:
 
 def placement_problems(plan: LoadPlan, placement: Placement) -> list[str]:
     """What the placement meets: its own problems, the quantizer's, absent devices, offline kernels, flash."""
-    build = plan.build
+    build = plan.built.build
     problems = list(placement.problems)
-    problems += [with_fix(e) for e in plan.quantizer.errors] if plan.quantizer is not None else []
+    problems += [with_fix(e) for e in plan.built.quantizer.errors] if plan.built.quantizer is not None else []
     problems += device_problems(plan, placement)
     problems += offline_kernel_problems(plan, placement) if plan.target is None else []
     if build is not None and build.ok:
         problems += flash_problems(plan, placement)
-    elif build is None and plan.attn_download and plan.target is None:
+    elif build is None and plan.built.attn_download and plan.target is None:
         problems += advised_attention(plan, placement)
     if plan.target is not None:
         used = list(placement.device_map.values())
@@ -110,7 +110,7 @@ def named_device_types(plan: LoadPlan) -> list[str]:
     device_map = plan.args.device_map
     named = list(device_map.values()) if isinstance(device_map, dict) else [device_map]
     skip = (*strategy_names(), NO_DEVICE_MAP, DISK)
-    kinds = [presence.device_type(v, plan.live.accelerator) for v in named if v is not None and v not in skip]
+    kinds = [presence.device_type(v, plan.placed.live.accelerator) for v in named if v is not None and v not in skip]
     return [k for k in dict.fromkeys(kinds) if k]
 
 
@@ -145,7 +145,7 @@ def quantization_problems(plan: LoadPlan) -> list[str]:
 
 def device_problems(plan: LoadPlan, placement: Placement) -> list[str]:
     """The devices of the placement that are not on this machine."""
-    return presence.absent(list(placement.device_map.values()), plan.rows, plan.live.accelerator)
+    return presence.absent(list(placement.device_map.values()), plan.rows, plan.placed.live.accelerator)
 
 
 def offline_kernel_problems(plan: LoadPlan, placement: Placement) -> list[str]:
@@ -153,10 +153,11 @@ def offline_kernel_problems(plan: LoadPlan, placement: Placement) -> list[str]:
     from_pretrained stops at kernelize (kernels raises), so the cell fails."""
     if not plan.use_kernels or kernel_problems(plan) or not kernel_tables.hub_offline():
         return []
-    cls = meta_build.model_class(plan.config.config, plan.auto_class)
+    cls = meta_build.model_class(plan.config.config, plan.inputs.auto_class)
     given = "" if plan.args.use_kernels else " (transformers' default)"
     out = []
-    for kind in dict.fromkeys(presence.device_type(v, plan.live.accelerator) for v in placement.device_map.values()):
+    accelerator = plan.placed.live.accelerator
+    for kind in dict.fromkeys(presence.device_type(v, accelerator) for v in placement.device_map.values()):
         missing = kernel_tables.uncached_kernel_repos(cls, kind) if kind else []
         if missing is None:
             out.append(f"use_kernels=True{given} on {kind} with the Hub offline (HF_HUB_OFFLINE): whether its "
@@ -170,7 +171,7 @@ def offline_kernel_problems(plan: LoadPlan, placement: Placement) -> list[str]:
 
 def advised_attention(plan: LoadPlan, placement: Placement) -> list[str]:
     """A Hub-kernel attention a build can't check here: the attention advice's answer for each device used."""
-    accelerator = plan.live.accelerator or "cuda"
+    accelerator = plan.placed.live.accelerator or "cuda"
     devices = [f"{accelerator}:{v}" if isinstance(v, int) else str(v) for v in placement.device_map.values()]
     used = [d for d in dict.fromkeys(devices) if d not in (DISK, "meta")]  # "meta" runs nothing
     return for_target.attention_problems_here(plan.model, plan.args.attn_implementation, plan.dtype, used, plan.offline)
@@ -187,7 +188,7 @@ def flash_problems(plan: LoadPlan, placement: Placement) -> list[str]:
 
     entry = FLASH_ATTENTION_COMPATIBILITY_MATRIX.get(int(m.group(1)), {})
     supported = [name for _, name in entry.get("supported_devices", ())]
-    used = {presence.device_type(v, plan.live.accelerator) for v in placement.device_map.values() if v != DISK}
+    used = {presence.device_type(v, plan.placed.live.accelerator) for v in placement.device_map.values() if v != DISK}
     off = sorted(t for t in used if t is not None and t not in supported)
     if not off:
         return []

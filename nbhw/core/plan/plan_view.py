@@ -39,7 +39,7 @@ size = render.size
 def _dtype_note(plan: LoadPlan) -> str | None:
     if plan.args.dtype != "auto":
         return None
-    if plan.config_dtype:
+    if plan.inputs.config_dtype:
         return f'dtype="auto" picks {plan.dtype}, the dtype the config names'
     if plan.config.available and plan.dtype != "float32":
         return f'dtype="auto" picks {plan.dtype}, the dtype of the local weights (the config names none)'
@@ -57,11 +57,11 @@ def plan_notes(plan: LoadPlan, *, run: bool = True) -> list[str]:
             out.append(f"attn_implementation={plan.args.attn_implementation!r}: read from transformers' rules for the "
                        f"{plan.target.accelerator.name}, not built here")  # fmt: skip
     if not plan.config.available:
-        out.append(f"config not available, so the cell assumes a causal LM ({plan.auto_class})")
+        out.append(f"config not available, so the cell assumes a causal LM ({plan.inputs.auto_class})")
     out += plan.arguments.omitted
     out += [n for n in [_dtype_note(plan)] if n]
     attn = plan.args.attn_implementation
-    unbuilt = attn is not None and plan.build is None and plan.config.available and not plan.built.attn_on_target
+    unbuilt = attn is not None and plan.built.build is None and plan.config.available and not plan.built.attn_on_target
     # check() only where the note could be said: notes are read before a dry run too (the Load tab's first stage).
     if unbuilt and not any(p.startswith(f"attn_implementation={attn!r}") for p in plan.check()):
         out.append(f"attn_implementation={attn!r} needs a Hub kernel download at load: not checked")
@@ -108,9 +108,9 @@ def _swaps(plan: LoadPlan) -> list[str]:
     placement = plan.weight_placement if plan.config.available else None
     if placement is None:
         return ["use_kernels=True needs Hub kernel downloads at load: not checked"]
-    cls = meta_build.model_class(plan.config.config, plan.auto_class)
+    cls = meta_build.model_class(plan.config.config, plan.inputs.auto_class)
     values = [v for v in placement.device_map.values() if v != DISK]
-    kinds = {presence.device_type(v, plan.live.accelerator) for v in values}
+    kinds = {presence.device_type(v, plan.placed.live.accelerator) for v in values}
     swaps = {kind: kernel_tables.swapped_layers(cls, kind) for kind in sorted(k for k in kinds if k)}
     found = {kind: layers for kind, layers in swaps.items() if layers}
     out = []
@@ -171,7 +171,7 @@ def _cache_row(plan: LoadPlan, e: Estimate) -> str:
 
 
 def _reserve_row(plan: LoadPlan) -> str:
-    held = [(k, r) for k, r in plan.reserves.items()]
+    held = [(k, r) for k, r in plan.ran.reserves.items()]
     if not held:
         return "none"
     total = sum(r.bytes for _, r in held)
@@ -211,13 +211,13 @@ def _max_batch_row(plan: LoadPlan) -> str:
 
 
 def _load_row(plan: LoadPlan) -> str | None:
-    peak = plan.load_peak
+    peak = plan.ran.load_peak
     if peak is None:
         return None
     pages = f"{size(peak.file_bytes)} of the checkpoint's mapped pages (reclaimable page cache, counted in RSS)"
     if not peak.private_bytes:
         return f"{size(peak.rss_bytes)} resident at the peak: {pages}; no private copy"
-    why = f"the weights cast to {plan.dtype}" if plan.dtype != plan.checkpoint_dtype else "the weights"
+    why = f"the weights cast to {plan.dtype}" if plan.dtype != plan.inputs.checkpoint_dtype else "the weights"
     return f"{size(peak.rss_bytes)} resident at the peak: {size(peak.private_bytes)} private ({why}) + {pages}"
 
 
@@ -346,12 +346,12 @@ def run_notes(plan: LoadPlan) -> list[str]:
     if run is None:
         return out
     out += [f"not in the dry run: {n}" for n in run.not_covered]
-    out += run_plan.margin_notes(plan.inputs, plan.live, plan.run, plan.placement)
+    out += run_plan.margin_notes(plan.inputs, plan.placed.live, plan.run, plan.placement)
     out += budget_notes(plan)
-    sources = {r.source for r in plan.reserves.values() if r.source}
+    sources = {r.source for r in plan.ran.reserves.values() if r.source}
     out += [f"reserve figure: {s} (--reserve SIZE sets your own)" for s in sorted(sources)]
-    if plan.load_peak is not None:
-        out.append(f"host at load: {plan.load_peak.note}")
+    if plan.ran.load_peak is not None:
+        out.append(f"host at load: {plan.ran.load_peak.note}")
     return out
 
 
@@ -372,12 +372,12 @@ def run_dict(plan: LoadPlan) -> dict[str, Any]:
         "context": plan.context,
         "batch": plan.batch,
         "padding": plan.args.padding,
-        "run_target": plan.run_target,
+        "run_target": plan.placed.run_target,
         "max_context": plan.max_context,
         "max_batch": plan.max_batch,
         "run": plan.run.to_dict() if plan.run is not None else None,
         "run_problem": plan.dry_run.problem,
-        "reserves": {str(k): vars(r) for k, r in plan.reserves.items()},
+        "reserves": {str(k): vars(r) for k, r in plan.ran.reserves.items()},
     }
 
 
@@ -398,7 +398,7 @@ def plan_to_dict(plan: LoadPlan) -> dict[str, Any]:
     return {
         "model": plan.model,
         "config_source": plan.config.source,
-        "auto_class": plan.auto_class,
+        "auto_class": plan.inputs.auto_class,
         "arguments": argument.to_dict(args),
         "target": plan.target.label if plan.target is not None else None,
         "dtype": plan.dtype if plan.config.available or args.dtype != "auto" else None,
@@ -430,7 +430,7 @@ def _problems_title(problems: list[str], target: Target | None = None) -> str:
 def _header(plan: LoadPlan) -> str:
     where = plan.config.source or "not available"
     on = f" on {plan.target.label} — hardware that is not here" if plan.target is not None else ""
-    return f"nbhw: load plan for {plan.model!r}{on} (config: {where}; {plan.auto_class}, {plan.dtype})"
+    return f"nbhw: load plan for {plan.model!r}{on} (config: {where}; {plan.inputs.auto_class}, {plan.dtype})"
 
 
 def plan_text(plan: LoadPlan, *, code: bool = True) -> str:

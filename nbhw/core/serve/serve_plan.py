@@ -142,8 +142,8 @@ class ServePlan(render.Shown):
         tp = ["DistributedConfig"] if ranks > 1 else []
         if ranks > 1:
             kwargs.append(("distributed_config", 'DistributedConfig(tp_plan="auto")'))
-        call = codegen.assignment("model", f"{load.auto_class}.from_pretrained", "model_id", kwargs)
-        names = sorted({load.auto_class, "AutoTokenizer", "ContinuousBatchingConfig", "GenerationConfig", *tp,
+        call = codegen.assignment("model", f"{load.inputs.auto_class}.from_pretrained", "model_id", kwargs)
+        names = sorted({load.inputs.auto_class, "AutoTokenizer", "ContinuousBatchingConfig", "GenerationConfig", *tp,
                         *load.arguments.names})  # fmt: skip
         launch = [f"# serve.py, run as: {self.torchrun} (one process per device)"] if ranks > 1 else []
         wait = " if manager.is_tp_driver else []" if ranks > 1 else ""  # the driver rank gets the results
@@ -381,7 +381,7 @@ def _check_ranks_here(load: LoadPlan, args: ServeArgs, size: int) -> None:
     """``tp_size`` on this machine needs as many accelerators (device_memory names each rank's device instead)."""
     if args.target is not None or args.device_memory is not None:
         return
-    here = sum(1 for key in load.live.max_memory if isinstance(key, int))
+    here = sum(1 for key in load.placed.live.max_memory if isinstance(key, int))
     if here < size:
         raise UserError(f"tp_size {size} needs {size} devices; this machine has {here} accelerator(s); valid: 1"
                         f"{f' to {here}' if here > 1 else ''}, or a target (e.g. target='{size}x H100') or "
@@ -398,7 +398,7 @@ def _device(load: LoadPlan, args: ServeArgs, parallel: Parallel) -> tuple[paged.
     if parallel.rank_weights is not None:
         return _rank_device(load, args, parallel, share, placement.budget_source)
     if (
-        run_plan.backend_of(share.key, load.inputs, load.live) == "cpu"
+        run_plan.backend_of(share.key, load.inputs, load.placed.live) == "cpu"
         and args.device_memory is None
         and _cpu_only_torch()
     ):
@@ -411,8 +411,8 @@ def _device(load: LoadPlan, args: ServeArgs, parallel: Parallel) -> tuple[paged.
 def _card(load: LoadPlan, share: DeviceShare, weights: int) -> paged.Device:
     """The serving device of ``share`` as transformers will read it: its budget, and ``weights`` with the framework's
     reserve held on it before the cache."""
-    backend = run_plan.backend_of(share.key, load.inputs, load.live)
-    reserve = run_plan.reserve(share.key, load.inputs, load.live)
+    backend = run_plan.backend_of(share.key, load.inputs, load.placed.live)
+    reserve = run_plan.reserve(share.key, load.inputs, load.placed.live)
     total = share.budget if share.budget is not None else 0
     held = weights + (reserve.bytes if reserve else 0)
     return paged.Device(TRANSFORMERS_KIND.get(backend, backend), total, held, backend in GRAPH_BACKENDS)

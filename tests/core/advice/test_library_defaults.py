@@ -212,7 +212,7 @@ def test_an_offline_load_on_cuda_says_which_hub_kernels_it_lacks(offline_cuda: P
     if not meta_build.kernels_status()[0] or not kernel_tables.kernels_default().value:
         pytest.skip("this transformers leaves Hub kernels off by default")
     plan = nbhw.plan(TINY, device_map="cuda:0")
-    cls = meta_build.model_class(plan.config.config, plan.auto_class)
+    cls = meta_build.model_class(plan.config.config, plan.inputs.auto_class)
     missing = kernel_tables.uncached_kernel_repos(cls, "cuda")
     assert missing and "kernels-community/rotary" in missing
     found = [p for p in plan.check() if "the Hub is offline" in p]
@@ -233,7 +233,7 @@ def test_cached_kernels_use_kernels_false_or_an_online_hub_clear_it(
     off = nbhw.plan(TINY, device_map="cuda:0", use_kernels=False)
     assert not any("the Hub is offline" in p for p in off.check())
     plan = nbhw.plan(TINY, device_map="cuda:0")
-    cls = meta_build.model_class(plan.config.config, plan.auto_class)
+    cls = meta_build.model_class(plan.config.config, plan.inputs.auto_class)
     for repo in kernel_tables.uncached_kernel_repos(cls, "cuda") or []:
         _cache(offline_cuda, repo)
     assert kernel_tables.uncached_kernel_repos(cls, "cuda") == []

@@ -88,7 +88,7 @@ def brute_force(
     weights-only placement, its run and whether that run is tight (less room than the allocator needs)."""
     budget = base.args.max_memory_bytes
     has_acc = any(isinstance(k, int) for k in budget or {})
-    every = options(base.checkpoint_dtype, pinned, has_budget=has_acc)
+    every = options(base.inputs.checkpoint_dtype, pinned, has_budget=has_acc)
     search = solver.Search(folder, pinned, False, budget, True, (0, 1, 2), every, base)
     found = []
     with quiet():  # as the solver's search: quiet as a whole

@@ -211,6 +211,6 @@ def test_auto_dtype_without_one_in_the_config_is_read_from_the_weights_like_tran
     with meta_build.quiet():
         loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path))  # dtype="auto"
     plan = nbhw.plan(str(tmp_path))
-    assert plan.config_dtype is None and plan.dtype == str(loaded.dtype).removeprefix("torch.") == "bfloat16"
+    assert plan.inputs.config_dtype is None and plan.dtype == str(loaded.dtype).removeprefix("torch.") == "bfloat16"
     assert any("dtype of the local weights" in n for n in plan.notes)
     assert plan.estimate is not None and plan.estimate.total_bytes == loaded.get_memory_footprint()

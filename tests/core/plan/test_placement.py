@@ -139,7 +139,7 @@ def test_live_budget_comes_from_nvml_without_touching_cuda(fake_hw: FakeHardware
     fake_hw.nvidia(FakeGpu(total=80 * GIB, used=2 * GIB), FakeGpu(total=80 * GIB, used=10 * GIB))
     folder, config = llama3_70b_folder(tmp_path)
     plan = nbhw.plan(folder)
-    live = plan.live
+    live = plan.placed.live
     assert live.accelerator == "cuda" and live.max_memory[0] == 78 * GIB and live.max_memory[1] == 70 * GIB
     assert plan.placement is not None
     # transformers' own logic, given the same free memory accelerate would have read (minus its 10% CPU margin).
@@ -276,7 +276,7 @@ def test_module_sizes_are_transformers_own_and_computed_once_per_model_and_sizin
 
     folder = config_only(families.llama(), tmp_path / "llama", "LlamaForCausalLM")
     plan = nbhw.plan(folder, quantization="quanto", max_memory={0: "1GB"}, device_map="auto")
-    model, quantizer = plan.meta_model, plan.quantizer
+    model, quantizer = plan.meta_model, plan.built.quantizer
     assert model is not None and quantizer is not None
     for flags in ({}, {"only_modules": False}, {"buffers_only": True}):
         for sizer in (None, quantizer):

@@ -134,11 +134,11 @@ def test_a_cpu_load_that_casts_says_it_peaks_at_the_checkpoint_plus_the_copy(tmp
     folder = saved(families.llama(), tmp_path)  # float32 on disk
     cast = nbhw.plan(folder, dtype="bfloat16", device_map="cpu")
     same = nbhw.plan(folder, dtype="float32", device_map="cpu")
-    assert cast.load_peak is not None and same.load_peak is not None
+    assert cast.ran.load_peak is not None and same.ran.load_peak is not None
     checkpoint = (tmp_path / "model.safetensors").stat().st_size
-    assert cast.load_peak.private_bytes == cast.weight_estimate.total_bytes  # type: ignore[union-attr]
-    assert cast.load_peak.file_bytes == checkpoint and same.load_peak.private_bytes == 0
-    assert "private" in cast.text() and cast.estimate.load_peak_bytes == cast.load_peak.rss_bytes  # type: ignore[union-attr]
+    assert cast.ran.load_peak.private_bytes == cast.weight_estimate.total_bytes  # type: ignore[union-attr]
+    assert cast.ran.load_peak.file_bytes == checkpoint and same.ran.load_peak.private_bytes == 0
+    assert "private" in cast.text() and cast.estimate.load_peak_bytes == cast.ran.load_peak.rss_bytes  # type: ignore[union-attr]
 
 
 CHILD = r"""
@@ -183,7 +183,7 @@ def test_host_load_peak_matches_a_real_cpu_load_with_a_cast(tmp_path: Path) -> N
     argv = [sys.executable, "-c", CHILD, folder, "bfloat16", str(tmp_path / "tiny")]
     out = subprocess.run(argv, capture_output=True, text=True, check=True, env=dict(os.environ), timeout=300)
     measured = json.loads(out.stdout.strip().splitlines()[-1])
-    planned = nbhw.plan(folder, dtype="bfloat16", device_map="cpu").load_peak
+    planned = nbhw.plan(folder, dtype="bfloat16", device_map="cpu").ran.load_peak
     assert planned is not None
     private = measured["peak"]["RssAnon"] - measured["base"]["RssAnon"]
     rss = measured["peak"]["VmRSS"] - measured["base"]["VmRSS"]
@@ -311,10 +311,9 @@ def test_the_reserve_is_stated_with_its_source_and_overridable(tmp_path: Path) -
     folder = config_only(families.llama(), tmp_path, "LlamaForCausalLM")
     stated = nbhw.plan(folder, device_map=0, max_memory={0: "2GiB"})
     mine = nbhw.plan(folder, device_map=0, max_memory={0: "2GiB"}, reserve="600MiB")
-    assert (
-        stated.reserves[0].bytes == outside_tensors.framework_reserve("cuda").bytes and "pytorch#86509" in stated.text()
-    )
-    assert mine.reserves[0].bytes == 600 * 2**20 and mine.reserves[0].source == "override"
+    assert stated.ran.reserves[0].bytes == outside_tensors.framework_reserve("cuda").bytes
+    assert "pytorch#86509" in stated.text()
+    assert mine.ran.reserves[0].bytes == 600 * 2**20 and mine.ran.reserves[0].source == "override"
     assert mine.placement.devices[0].reserve_bytes == 600 * 2**20  # type: ignore[union-attr]
 
 
