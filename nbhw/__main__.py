@@ -28,7 +28,7 @@ def _answered(args: argparse.Namespace) -> int:
     will fail (a script can stop before loading)."""
     result = commands.answer(args)
     _printed(result, args)
-    return 1 if commands.failed(args, result) else 0
+    return 1 if commands.failed(result) else 0
 
 
 def _memory(args: argparse.Namespace) -> int:

@@ -16,10 +16,26 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from nbhw.core.argument import EMIT, JSON, MODEL, OFFLINE, Argument
 from nbhw.core.errors import UserError
+
+if TYPE_CHECKING:  # the answers' types; each module is imported when its command runs
+    from nbhw.core.advice.attention import AttentionAdvice
+    from nbhw.core.advice.quantization import QuantizationAdvice
+    from nbhw.core.fit.solver import FitResult
+    from nbhw.core.fit.train_search import TrainFitResult
+    from nbhw.core.hardware.detect import Hardware
+    from nbhw.core.hardware.findings import Preflight
+    from nbhw.core.hardware.report import Report
+    from nbhw.core.hardware.targets import Targets
+    from nbhw.core.render import Shown
+    from nbhw.core.serve.serve_plan import ServePlan
+    from nbhw.core.task_plan import Plan
+    from nbhw.core.train.train_plan import TrainPlan
+
+    Answer = Shown
 
 Surface = Literal["magic", "cli"]
 HELP_WIDTH = 100
@@ -352,25 +368,25 @@ def magic_help() -> str:
 # that read the running session (memory's graph, holders, free, loaded, pin) and the panel are the magic's own.
 
 
-def _devices(args: argparse.Namespace) -> Any:
+def _devices(args: argparse.Namespace) -> Hardware:
     from nbhw.core.hardware.detect import detect
 
     return detect()
 
 
-def _report(args: argparse.Namespace) -> Any:
+def _report(args: argparse.Namespace) -> Report:
     from nbhw.core.hardware.report import report
 
     return report()
 
 
-def _doctor(args: argparse.Namespace) -> Any:
+def _doctor(args: argparse.Namespace) -> Preflight:
     from nbhw.core.hardware.doctor import doctor
 
     return doctor()
 
 
-def _attention(args: argparse.Namespace) -> Any:
+def _attention(args: argparse.Namespace) -> AttentionAdvice:
     from nbhw.core.advice.arguments import ADVICE_ARGUMENTS
     from nbhw.core.advice.attention import advise
     from nbhw.core.argument import given
@@ -378,7 +394,7 @@ def _attention(args: argparse.Namespace) -> Any:
     return advise(args.model, offline=args.offline, **given(args, ADVICE_ARGUMENTS))
 
 
-def _quantization(args: argparse.Namespace) -> Any:
+def _quantization(args: argparse.Namespace) -> QuantizationAdvice:
     from nbhw.core.advice import quantization
     from nbhw.core.advice.arguments import QUANTIZATION_ARGUMENTS
     from nbhw.core.argument import given
@@ -386,19 +402,19 @@ def _quantization(args: argparse.Namespace) -> Any:
     return quantization.advise(args.model, offline=args.offline, **given(args, QUANTIZATION_ARGUMENTS))
 
 
-def _targets(args: argparse.Namespace) -> Any:
+def _targets(args: argparse.Namespace) -> Targets:
     from nbhw.core.hardware.targets import targets
 
     return targets(args.vendor)
 
 
-def _load(args: argparse.Namespace) -> Any:
+def _load(args: argparse.Namespace) -> Plan:
     from nbhw.core.task_plan import from_words
 
     return from_words(args)  # a word the other task takes is a mistake here
 
 
-def _serve(args: argparse.Namespace) -> Any:
+def _serve(args: argparse.Namespace) -> ServePlan:
     from nbhw.core.argument import given
     from nbhw.core.serve.arguments import SERVE_ARGUMENTS
     from nbhw.core.serve.serve_plan import serve_plan
@@ -406,32 +422,35 @@ def _serve(args: argparse.Namespace) -> Any:
     return serve_plan(args.model, offline=args.offline, **given(args, SERVE_ARGUMENTS))
 
 
-def _train(args: argparse.Namespace) -> Any:
+def _train(args: argparse.Namespace) -> TrainPlan:
     from nbhw.core.train.train_plan import from_words
 
     return from_words(args)
 
 
-def _fit(args: argparse.Namespace) -> Any:
+def _fit(args: argparse.Namespace) -> FitResult | TrainFitResult:
     from nbhw.core.fit.solver import from_words
 
     return from_words(args)
 
 
-def _training_fails(result: Any) -> bool:
-    return bool(result.fits is False or not result.recommended.ok)
+def _fails(result: Answer) -> bool:
+    """Whether an answer says something will fail, by its kind (each module is imported already: it answered)."""
+    from nbhw.core.fit.result import SearchResult
+    from nbhw.core.hardware.findings import Preflight
+    from nbhw.core.plan.load_plan import LoadPlan
+    from nbhw.core.serve.serve_plan import ServePlan
+    from nbhw.core.train.train_plan import TrainPlan
 
-
-def _fails(command: str, args: argparse.Namespace, result: Any) -> bool:
-    if command == "doctor":
+    if isinstance(result, Preflight):
         return bool(result.errors)
-    if command == "train" or (command == "load" and getattr(args, "task", None) == "train"):
-        return _training_fails(result)
-    if command == "load":
+    if isinstance(result, TrainPlan):
+        return bool(result.fits is False or not result.recommended.ok)
+    if isinstance(result, LoadPlan):
         return bool(result.check())
-    if command == "fit":
+    if isinstance(result, SearchResult):
         return result.plan is None
-    if command == "serve" or (command == "load" and getattr(args, "task", None) == "serve"):
+    if isinstance(result, ServePlan):
         return result.full is None or result.full.held == 0
     return False
 
@@ -441,12 +460,12 @@ ANSWERS = {"devices": _devices, "report": _report, "doctor": _doctor, "attention
            "serve": _serve}  # fmt: skip
 
 
-def answer(args: argparse.Namespace) -> Any:
+def answer(args: argparse.Namespace) -> Answer:
     """The answer of the command the parsed words name (a mistake in them is a UserError)."""
     return ANSWERS[args.command](args)
 
 
-def failed(args: argparse.Namespace, result: Any) -> bool:
+def failed(result: Answer) -> bool:
     """Whether an answer says something will fail (python -m nbhw exits 1, so a script can stop before loading):
     the doctor's errors, a load plan's problems, a training plan that doesn't fit or doesn't run, nothing that fits."""
-    return _fails(args.command, args, result)
+    return _fails(result)

@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from nbhw.core.argument import Argument
-    from nbhw.core.plan.load_plan import LoadPlan
     from nbhw.core.serve.arguments import ServeArgs
     from nbhw.core.serve.serve_plan import ServePlan
     from nbhw.core.train.arguments import TrainArgs
@@ -105,15 +104,18 @@ class HwMagics(Magics):
         from nbhw import commands
         from nbhw.core.argument import given
         from nbhw.core.plan.arguments import PLAN_ARGUMENTS
+        from nbhw.core.plan.load_plan import LoadPlan  # imported by the answer already: nbhw.plan() imports all three
+        from nbhw.core.serve.serve_plan import ServePlan
+        from nbhw.core.train.train_plan import TrainPlan
 
-        answer = commands.answer(args)  # a mistake in the words is a UsageError here, not a message in a panel
-        if args.task == "train":
-            self._load_train(answer, args)
+        plan = commands.answer(args)  # a mistake in the words is a UsageError here, not a message in a panel
+        if isinstance(plan, TrainPlan):
+            self._load_train(plan, args)
             return
-        if args.task == "serve":
-            self._load_serve(answer, args)
+        if isinstance(plan, ServePlan):
+            self._load_serve(plan, args)
             return
-        plan: LoadPlan = answer
+        assert isinstance(plan, LoadPlan), type(plan)
         if args.emit:
             self.shell.set_next_input(plan.code, replace=False)
             display(plan.view(code=False))
