@@ -33,10 +33,26 @@ class _Training:
     _curr_mem_snap: dict[Any, dict[Any, int]]
     _peak_mem: dict[Any, int]
     _peak_mem_snap: dict[Any, dict[Any, int]]
+    _fake_mode_on_entry: Any
     timeline: Any = None
     largest: int = 0  # the largest block the step made (set back to 0 after the weights are registered)
+    _changed: bool = True  # the current snapshot changed since the peak was last updated
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        # FakeTensor answers each C++ device() query through dispatch: half the ops of an FSDP2 step. MemTracker's
+        # handling of one (it allocates nothing) is its peak update alone, and that is a no-op unless the snapshot
+        # changed since the last update (frees, resizes and hooks change it between ops) or a timeline records
+        # every op; so only then is it run, and the figures are the same.
+        query, dtensor, active_fake_mode = _device_query()
+        if func is not query or dtensor in types:
+            return super().__torch_dispatch__(func, types, args, kwargs)  # type: ignore[misc]
+        out = func(*args, **(kwargs or {}))
+        if (self._changed or self.timeline is not None) and active_fake_mode() is self._fake_mode_on_entry:
+            self._update_peak_stats(None)
+        return out
 
     def _update_snap(self, u_type: Any, winfo: Any, *args: Any, **kwargs: Any) -> None:
+        self._changed = True
         super()._update_snap(u_type, winfo, *args, **kwargs)  # type: ignore[misc]
         if winfo.mem_consumed > self.largest and getattr(u_type, "name", None) == "ADD":
             self.largest = winfo.mem_consumed
@@ -58,6 +74,7 @@ class _Training:
         # The device-wide peak only. MemTracker also updates every live module's own peak on every op (a loop
         # over all modules with a deepcopy per new peak): quadratic in depth, minutes for an 80-layer model,
         # and per-module peaks are not what the plan reports.
+        self._changed = False
         total_key, grad = _mem_keys()
         for dev, snap in self._curr_mem_snap.items():
             total = snap[total_key]
@@ -74,6 +91,16 @@ def _mem_keys() -> tuple[Any, Any]:
     from torch.distributed._tools.mem_tracker import _TOTAL_KEY, _MemRefType  # lazy: import nbhw stays free of torch
 
     return _TOTAL_KEY, _MemRefType.GRAD
+
+
+@functools.cache
+def _device_query() -> tuple[Any, type, Any]:
+    """The op a tensor's device() query dispatches, with what MemTracker checks before handling an op."""
+    import torch  # lazy: import nbhw stays free of torch
+    from torch._guards import active_fake_mode  # lazy: import nbhw stays free of torch
+    from torch.distributed.tensor import DTensor  # lazy: import nbhw stays free of torch
+
+    return torch.ops.prim.device.default, DTensor, active_fake_mode
 
 
 @functools.cache

@@ -41,7 +41,7 @@ from nbhw.core.train.meta_patches import (
     snapshot,
     tracker_class,
 )
-from nbhw.core.train.sharded import Preparation, fsdp2_model, global_shapes_uncounted, tp_model
+from nbhw.core.train.sharded import Preparation, fsdp2_model, global_shapes_uncounted, shardwise_step, tp_model
 from nbhw.core.train.step_depth import Timeline, synthesize_peak, uniform_depth, with_depth
 from nbhw.core.train.training_build import (
     attention_target,
@@ -172,10 +172,13 @@ def optimizer_phase(
     tracker.track_external(model, optimizer, *(extra or []))
     tracker.largest = 0
     max_norm = training_defaults().max_grad_norm
+    # FSDP2's step on each rank's local shards (the same ops and bytes, without DTensor's dispatch); kept until
+    # the snapshots, with the state it made.
+    step = shardwise_step(optimizer) or optimizer.step
     with tracker:
         if max_norm:
             clip_gradients(model, max_norm)
-        optimizer.step()
+        step()
         optimizer.zero_grad(set_to_none=True)
         end = snapshot(tracker, "current", device)
         peak = snapshot(tracker, "peak", device)

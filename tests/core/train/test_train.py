@@ -206,6 +206,72 @@ def test_fsdp2s_step_from_a_few_layers_equals_running_every_layer() -> None:
         assert (deep.whole_model, deep.preparation_peak) == (full.whole_model, full.preparation_peak)
 
 
+def test_fsdp2s_dry_run_without_dtensor_dispatch_or_device_queries_reads_the_same_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two shortcuts make an FSDP2 plan seconds faster: the optimizer step runs on each rank's local shards instead
+    of through DTensor's dispatch (AdamW over hundreds of sharded parameters), and the tracker leaves FakeTensor's
+    device() queries alone when its peak can't move. Every figure of the row, its step and the model at full depth
+    equals the dry run without them: with foreach (a GPU plan) and one tensor at a time (a CPU plan), with shards of
+    unequal size (3 ranks), at full depth (backward's gradients) and from a few layers."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from nbhw.core.train import meta_patches, sharded
+
+    shardwise, dispatch = sharded.shardwise_step, meta_patches._Training.__torch_dispatch__
+    steps: list[Any] = []
+    call = sharded.ShardwiseStep.__call__
+    monkeypatch.setattr(sharded.ShardwiseStep, "__call__", lambda self: steps.append(self) or call(self))
+    depths: list[Any] = []
+    measure = S._measure_full_depth
+    monkeypatch.setattr(S, "_measure_full_depth", lambda *a: depths.append(measure(*a)) or depths[-1])
+
+    def both_ways(config: Any, args: Any, world: int) -> tuple[Any, Any]:
+        found = []
+        for fast in (False, True):
+            monkeypatch.setattr(S, "shardwise_step", shardwise if fast else lambda optimizer: None)
+            monkeypatch.setattr(
+                meta_patches._Training, "__torch_dispatch__", dispatch if fast else MemTracker.__torch_dispatch__
+            )
+            strategies.clear_cache()
+            found.append(strategies.strategy_estimate(config, args, "fsdp2", world, mistakes=True))
+        return found[0], found[1]
+
+    # The model at full depth from 7 recorded layers (the optimizer step on gradients made like backward's), and a
+    # model of 2 layers run whole (the step on backward's own gradients).
+    cases = (("lora", 9, 2, "cuda"), ("full", 2, 3, "cpu"))
+    for method, layers, world, device_type in cases:
+        config = step_depth.with_depth(families.llama(), layers)
+        args = args_for(method, method == "lora", devices=world, device_type=device_type)
+        depths.clear()
+        slow, fast = both_ways(config, args, world)
+        assert fast.ok and fast.memory is not None and fast.memory.optimizer_states > 0, method
+        assert {**slow.to_dict(), "seconds": 0} == {**fast.to_dict(), "seconds": 0}, (method, layers)
+        assert len(depths) == (2 if layers > 2 else 0) and depths[:1] == depths[1:], (method, layers)  # FullDepth
+    assert len(steps) == len(cases)  # the optimizer step ran on the shards each time
+
+
+def test_a_device_query_updates_the_peak_after_memory_changed_outside_an_op() -> None:
+    """The tracker passes over FakeTensor's device() queries only while its peak can't move: a storage FSDP2 grows
+    with resize_ (outside any op) and frees again with only a device query between is in the peak, as MemTracker
+    counts it."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from nbhw.core.train import meta_patches
+
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake:
+        held = torch.empty(0)
+    tracker = meta_patches.tracker_class()()
+    tracker.track_external(held)
+    with fake, tracker:
+        held.untyped_storage().resize_(4096)
+        assert not held.is_cuda  # a device query
+        held.untyped_storage().resize_(0)
+        assert meta_patches.snapshot(tracker, "peak", "cpu").get("Total") == 4096
+
+
 def test_a_search_over_rows_builds_the_deep_model_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """The weights and the optimizer step at full depth don't depend on the rows: a search over context measures
     them once, and each context's figures equal its own full-depth run."""
