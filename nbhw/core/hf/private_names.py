@@ -109,6 +109,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "torch", "ops.aten.add.default._schema", "read", TORCH, "an op's schema: views and in-place ops aren't memoised"
     ),
     _n("torch", "UntypedStorage._cdata", "read", TORCH, "a storage's identity: each counted once"),
+    _n("torch.distributed.tensor", "DTensor._local_tensor", "read", TORCH, "a shard's own tensor: FSDP2's step on it"),
     _n("torch", "ops.aten._local_scalar_dense.default", "read", TORCH, ".item() on a meta tensor that carries values"),
     _n("torch", "_fused_sdp_choice", "call", TORCH, "the SDPA kernel CPU torch picks, asked with 2-token stand-ins"),
     _n("torch", "_grouped_mm", "read", TORCH, "MoE grouped_mm on meta: routed to transformers' fallback op"),
