@@ -497,7 +497,7 @@ def units(plan: LoadPlan) -> list[Unit]:
     model, placement = plan.meta_model, plan.weight_placement
     if model is None or placement is None or not placement.device_map:
         return []
-    sizes, _ = module_sizes(model, plan.built.quantizer, only_modules=False)
+    sizes, _ = module_sizes(model, plan.quantizer, only_modules=False)
     layers = set(layer_names(model))
     found: list[Unit] = []
     inside: str | None = None

@@ -23,6 +23,7 @@ from nbhw.core.plan.arguments import PLAN_ARGUMENTS, PlanArgs, plan_args
 from nbhw.core.plan.estimate import Estimate
 from nbhw.core.plan.pinned import Pin, read_pin
 from nbhw.core.plan.placement import Placement
+from nbhw.core.plan.quantized_sizes import PlanningQuantizer
 from nbhw.core.plan.run_search import Fit
 from nbhw.core.render import Shown
 
@@ -74,14 +75,25 @@ class LoadPlan(Shown):
         return stages.build(self.inputs)
 
     @cached_property
+    def quantizer(self) -> PlanningQuantizer | None:
+        """The quantizer the weights are sized and placed with (quantization asked for), shared by both."""
+        return stages.quantizer(self.inputs)
+
+    @cached_property
+    def weight_estimate(self) -> Estimate | None:
+        """The build's weights: parameters, bytes, largest layer and training, without the run (no dry run: quick);
+        None without a config."""
+        return stages.weigh(self.inputs, self.built, self.quantizer)
+
+    @cached_property
     def placed(self) -> stages.Placed:
         """Stage 3: the device_map transformers computes for the weights (free memory read now)."""
-        return stages.place_weights(self.inputs, self.built)
+        return stages.place_weights(self.inputs, self.built, self.quantizer)
 
     @cached_property
     def ran(self) -> stages.Ran:
         """Stage 4: generate()'s dry run on the placement, the reserves, the host while loading."""
-        return stages.dry_run(self.inputs, self.built, self.placed)
+        return stages.dry_run(self.inputs, self.built, self.weight_estimate, self.placed)
 
     @cached_property
     def verdict(self) -> stages.Verdict:
@@ -136,11 +148,6 @@ class LoadPlan(Shown):
     def meta_model(self) -> PreTrainedModel | None:
         """A meta-device model in the plan's dtype for sizes (built with default attention if yours was refused)."""
         return self.built.model
-
-    @property
-    def weight_estimate(self) -> Estimate | None:
-        """Parameters, bytes, largest layer and training, without the run (no dry run: quick); None without a config."""
-        return self.built.weights
 
     @property
     def weight_placement(self) -> Placement | None:

@@ -62,7 +62,7 @@ def placement_problems(plan: LoadPlan, placement: Placement) -> list[str]:
     """What the placement meets: its own problems, the quantizer's, absent devices, offline kernels, flash."""
     build = plan.built.build
     problems = list(placement.problems)
-    problems += [with_fix(e) for e in plan.built.quantizer.errors] if plan.built.quantizer is not None else []
+    problems += [with_fix(e) for e in plan.quantizer.errors] if plan.quantizer is not None else []
     problems += device_problems(plan, placement)
     problems += offline_kernel_problems(plan, placement) if plan.target is None else []
     if build is not None and build.ok:

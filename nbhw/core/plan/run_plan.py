@@ -436,9 +436,9 @@ def _weight_files(model: str, source: str | None) -> list[Path]:
     return []
 
 
-def load_peak(made: Inputs, built: Built, placed: Placed) -> LoadPeak | None:
+def load_peak(made: Inputs, weights: Estimate | None, placed: Placed) -> LoadPeak | None:
     """The host's peak while from_pretrained reads the checkpoint, by transformers' loading path."""
-    placement, weights = placed.placement, built.weights
+    placement = placed.placement
     if placement is None or weights is None:
         return None
     on_cpu = sum(s.bytes for s in placement.devices if s.key == "cpu")

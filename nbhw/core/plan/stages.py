@@ -1,7 +1,7 @@
 """A load plan's stages, each a frozen dataclass made once from the stages before it.
 
     inputs (the model's config, the checked words, the hardware, the run's size)
-      → build (the model on the meta device in the plan's dtype, and its weights' figures)
+      → build (the model on the meta device in the plan's dtype; its weights' figures when asked: weigh)
       → placement (the device_map transformers computes for those weights against the budgets)
       → run (generate()'s dry run on that placement, the framework's reserves, the host while loading)
       → verdict (the run against every device's budget, in one line)
@@ -42,12 +42,14 @@ FALLBACK_AUTO_CLASS = "AutoModelForCausalLM"
 BUILD_CACHE_SIZE = 32  # the solver plans every dtype x attention of a model
 _BUILDS: Recent[meta_build.MetaBuild] = Recent(BUILD_CACHE_SIZE)
 _PLACEMENTS: Recent[tuple[Placement, list[str]]] = Recent(256)
+_WEIGHTS: Recent[Estimate] = Recent(256)
 
 
 def clear_cache() -> None:
-    """Forget the cached meta builds and weights placements."""
+    """Forget the cached meta builds, weights' figures and weights placements."""
     _BUILDS.clear()
     _PLACEMENTS.clear()
+    _WEIGHTS.clear()
 
 
 # ---------------------------------------------------------------- 1. inputs
@@ -168,12 +170,11 @@ def weights_dtype(model: str, source: str | None) -> str | None:
 
 @dataclass(frozen=True)
 class Built:
-    """The model on the meta device, built by transformers' own ``__init__`` in the plan's dtype, and its weights."""
+    """The model on the meta device, built by transformers' own ``__init__`` in the plan's dtype."""
 
     build: meta_build.MetaBuild | None  # with your attention; None without a config or when a build can't tell
     model: PreTrainedModel | None  # for sizes: default attention where yours was refused; None without a config
-    quantizer: PlanningQuantizer | None  # the quantizer sizes are computed with, when quantization is asked
-    weights: Estimate | None  # parameters, bytes, largest layer, training: no dry run; None without a model
+    attn: str | None  # the attention the sizing model was built with (None: the default)
     attn_download: bool  # the attention asked is a Hub kernel a build would download
     attn_on_target: bool  # the attention asked depends on the target's device: its rules answer, not a build
 
@@ -195,17 +196,15 @@ def cached_build(
 
 
 def build(made: Inputs) -> Built:
-    """The build stage of ``made``: the meta model, the quantizer and the weights' figures."""
+    """The build stage of ``made``: the meta model (its weights' figures: :func:`weigh`)."""
     attn = made.args.attn_implementation
     download = meta_build.needs_download(attn)
     on_target = made.target is not None and for_target.device_dependent(attn)
     asked = None
     if made.config.available and not download and not on_target:
         asked = cached_build(made.config, made.auto_class, made.dtype, attn)
-    model = _sizing_model(made, asked)
-    quantizer = _quantizer(made)
-    weights = _weight_estimate(made, model, quantizer)
-    return Built(asked, model, quantizer, weights, download, on_target)
+    used = attn if asked is not None and asked.ok else None  # the attention the sizing model was built with
+    return Built(asked, _sizing_model(made, asked), used, download, on_target)
 
 
 def _sizing_model(made: Inputs, asked: meta_build.MetaBuild | None) -> PreTrainedModel | None:
@@ -217,7 +216,10 @@ def _sizing_model(made: Inputs, asked: meta_build.MetaBuild | None) -> PreTraine
     return fallback.model if fallback.ok else None
 
 
-def _quantizer(made: Inputs) -> PlanningQuantizer | None:
+def quantizer(made: Inputs) -> PlanningQuantizer | None:
+    """The quantizer the weights are sized and placed with, when quantization is asked: one per plan, shared by
+    :func:`weigh` and :func:`place_weights` (placing adds transformers' device_map checks to its errors). Made when
+    a size is asked for: a method refused here needs none."""
     if made.args.quantization is None:
         return None
     device = made.target.device() if made.target is not None else None
@@ -225,14 +227,25 @@ def _quantizer(made: Inputs) -> PlanningQuantizer | None:
         return PlanningQuantizer(made.args.quantization, made.dtype, device, made.args.device_map)
 
 
-def _weight_estimate(
-    made: Inputs, model: PreTrainedModel | None, quantizer: PlanningQuantizer | None
-) -> Estimate | None:
+def weigh(made: Inputs, built: Built, quantizer: PlanningQuantizer | None) -> Estimate | None:
+    """The weights' figures: parameters, bytes, largest layer, training (no dry run; None without a model). Made
+    when asked (a check or a placement needs none), once per model and sizing, each plan given its own copy."""
+    model = built.model
     if model is None:
         return None
     asked = made.args.quantization
-    with meta_build.quiet():
-        result = estimate.estimate(model, made.dtype, quantizer=quantizer, quantization=asked)
+    # A quantizer's sizes may depend on the device and the device_map (modules it keeps unquantized); without one,
+    # the weights are the model's alone.
+    device = made.target.device() if made.target is not None else None
+    sizing = (asked, repr(device), repr(made.args.device_map)) if asked is not None else None
+    key = (made.config.key, made.auto_class, made.dtype, built.attn, sizing)
+
+    def sized() -> Estimate:
+        with meta_build.quiet():
+            return estimate.estimate(model, made.dtype, quantizer=quantizer, quantization=asked)
+
+    kept = _WEIGHTS.get(key, sized)
+    result = replace(kept, notes=list(kept.notes), training=dict(kept.training), largest_layer=list(kept.largest_layer))
     method: Any = getattr(made.config.config, "quantization_config", None)
     if method is not None and asked is None:
         method = method.get("quant_method") if isinstance(method, dict) else getattr(method, "quant_method", "?")
@@ -258,16 +271,16 @@ class Placed:
     run_target: str  # whose attention kernels size the run: "cpu" (torch's own) or "cuda" (every accelerator)
 
 
-def place_weights(made: Inputs, built: Built) -> Placed:
+def place_weights(made: Inputs, built: Built, quantizer: PlanningQuantizer | None) -> Placed:
     """The placement stage: the device_map transformers computes for ``built``'s weights (no dry run)."""
     live = live_memory(list(made.rows))
     if made.target is not None:
         live.source = f"the {made.target.label}'s memory (nbhw's catalog)"
-    placement = _placement(made, built, live)
+    placement = _placement(made, built, quantizer, live)
     return Placed(live, placement, run_plan.run_target(placement, live, made.rows))
 
 
-def _placement(made: Inputs, built: Built, live: LiveMemory) -> Placement | None:
+def _placement(made: Inputs, built: Built, quantizer: PlanningQuantizer | None, live: LiveMemory) -> Placement | None:
     model = built.model
     if model is None:
         return None
@@ -276,7 +289,6 @@ def _placement(made: Inputs, built: Built, live: LiveMemory) -> Placement | None
     memory = None if args.max_memory is not None else tuple(sorted(live.max_memory.items(), key=str))
     key = (made.config.key, made.auto_class, made.dtype, args.quantization, repr(args.device_map),
            repr(args.max_memory), made.default_device, memory, repr(made.target))  # fmt: skip
-    quantizer = built.quantizer
 
     def placed() -> tuple[Placement, list[str]]:
         found = place(model, args, quantizer=quantizer, default_device=made.default_device, live=live)
@@ -315,15 +327,15 @@ class Ran:
     fits: bool | None  # the run within every device's budget; None when no dry run answers
 
 
-def dry_run(made: Inputs, built: Built, placed: Placed) -> Ran:
-    """The run stage: one dry run of generate() at ``batch x context`` on the placement."""
+def dry_run(made: Inputs, built: Built, weights: Estimate | None, placed: Placed) -> Ran:
+    """The run stage: one dry run of generate() at ``batch x context`` on the placement (``weights``: :func:`weigh`)."""
     with meta_build.quiet():
         outcome = run_plan.dry_run(made, built, placed)
     labels = list(outcome.run.devices) if outcome.run is not None else []
     found = run_plan.reserves(made, placed, labels)
     reserves = {k if isinstance(k, int | str) else str(k): v for k, v in found.items()}
-    peak = run_plan.load_peak(made, built, placed)
-    whole = _estimate(made, built, placed, outcome, reserves=reserves, peak=peak)
+    peak = run_plan.load_peak(made, weights, placed)
+    whole = _estimate(made, built, weights, placed, outcome, reserves=reserves, peak=peak)
     fits = None
     if placed.placement is not None and placed.placement.kind not in ("none", "too_big") and outcome.run is not None:
         shares = run_plan.run_shares(made, placed, placed.placement, outcome.run, reserves)
@@ -334,13 +346,13 @@ def dry_run(made: Inputs, built: Built, placed: Placed) -> Ran:
 def _estimate(
     made: Inputs,
     built: Built,
+    weights: Estimate | None,
     placed: Placed,
     outcome: Outcome,
     *,
     reserves: dict[int | str, Reserve],
     peak: LoadPeak | None,
 ) -> Estimate | None:
-    weights = built.weights
     if weights is None:
         return None
     cache_at = _cache_at(made, built, placed)

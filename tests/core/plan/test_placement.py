@@ -276,7 +276,7 @@ def test_module_sizes_are_transformers_own_and_computed_once_per_model_and_sizin
 
     folder = config_only(families.llama(), tmp_path / "llama", "LlamaForCausalLM")
     plan = nbhw.plan(folder, quantization="quanto", max_memory={0: "1GB"}, device_map="auto")
-    model, quantizer = plan.meta_model, plan.built.quantizer
+    model, quantizer = plan.meta_model, plan.quantizer
     assert model is not None and quantizer is not None
     for flags in ({}, {"only_modules": False}, {"buffers_only": True}):
         for sizer in (None, quantizer):

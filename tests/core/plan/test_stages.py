@@ -17,8 +17,8 @@ from nbhw.core.plan.run_search import Fit
 def _pipeline(**words: object) -> tuple[stages.Inputs, stages.Built, stages.Placed, stages.Ran, stages.Verdict]:
     made = stages.inputs(str(tiny_model_path()), plan_args(**words))
     built = stages.build(made)
-    placed = stages.place_weights(made, built)
-    ran = stages.dry_run(made, built, placed)
+    placed = stages.place_weights(made, built, stages.quantizer(made))
+    ran = stages.dry_run(made, built, stages.weigh(made, built, stages.quantizer(made)), placed)
     asked: list[int] = []
 
     def context_fit() -> Fit | None:
@@ -35,8 +35,8 @@ def test_each_stage_is_made_alone_from_the_ones_before_and_equals_the_plans() ->
     plan = nbhw.plan(context=256, max_memory={"cpu": "2GiB"})
 
     assert (made.context, made.batch, made.dtype, made.auto_class) == (256, 1, plan.dtype, plan.inputs.auto_class)
-    assert built.model is not None and built.weights is not None
-    assert built.weights.parameters == plan.estimate.parameters
+    weights = stages.weigh(made, built, stages.quantizer(made))
+    assert built.model is not None and weights is not None and weights.parameters == plan.estimate.parameters
     assert placed.placement is not None and placed.placement.device_map == plan.placement.device_map
     assert placed.run_target == "cpu"
     assert ran.outcome.run is not None and ran.estimate is not None
@@ -52,7 +52,9 @@ def test_each_stage_is_made_alone_from_the_ones_before_and_equals_the_plans() ->
 def test_a_stage_answers_for_the_inputs_it_is_given() -> None:
     made, built, placed, ran, _ = _pipeline(context=256, max_memory={"cpu": "2GiB"})
     held = dataclasses.replace(made, args=plan_args(context=256, max_memory={"cpu": "2GiB"}, reserve="3GiB"))
-    again = stages.place_weights(held, built)  # the same build placed again, for inputs with a reserve
+    again = stages.place_weights(
+        held, built, stages.quantizer(held)
+    )  # the same build placed again, for inputs with a reserve
 
     assert ran.fits is True
     assert again.placement is not None and again.placement.device_map == placed.placement.device_map  # type: ignore[union-attr]
@@ -65,6 +67,8 @@ def test_a_plan_goes_only_as_far_as_its_reader() -> None:
     assert "from_pretrained(" in plan.code
     assert "built" not in plan.__dict__ and "placed" not in plan.__dict__  # the cell needs the inputs alone
 
+    assert plan.check() == []
+    assert "built" in plan.__dict__ and "weight_estimate" not in plan.__dict__  # a check needs no weights' figures
     assert plan.weight_placement is not None
     assert "placed" in plan.__dict__ and "ran" not in plan.__dict__  # weights placed: no dry run yet
 
