@@ -394,7 +394,10 @@ def test_on_cpu_the_measured_peaks_are_near_the_plans(notebook: Kernel, mid: str
     # Measured on this machine (Linux's peak RSS, the C heap trimmed at each cell's start) in this fresh kernel:
     # loading -12 % (float32, as on disk: pages of the mapping) and +4 % (a cast to bfloat16: a private copy);
     # generate at 8 x 576 tokens +10 % (float32) and +14 % (bfloat16). Sampled RSS alone read -42 % for the
-    # bfloat16 generate in CI: freed heap pages reused by the cell hid its rise.
+    # bfloat16 generate in CI: freed heap pages reused by the cell hid its rise. With the other xdist worker busy
+    # (CI), the same generate read +36 % to +39 % (2026-12-05, fresh clones; idle +14 % to +22 %): RSS counts what
+    # the process allocates beside tensors, which the plan's run peak does not. The bound is above that, and far
+    # below what a plan that missed the cache would give (float32: 72 MiB of the 415 MiB run peak, +65 % then).
     cell(notebook, f"tok = transformers.AutoTokenizer.from_pretrained({mid!r})")
     loading_cell = run_the_code_of(notebook, f"nbhw.plan({mid!r}, dtype={dtype!r})")
     generate_cell = cell(notebook, "ids = torch.randint(3, 250, (8, 512))\nout = model.generate(ids, "
@@ -409,7 +412,7 @@ def test_on_cpu_the_measured_peaks_are_near_the_plans(notebook: Kernel, mid: str
     assert generating["what"] == "generate at 8 x 576 tokens" and generating["cell"] == generate_cell
     for peak in (loading, generating):
         words = next(line.strip() for line in text.splitlines() if f"cell [{peak['cell']}] {peak['what']}" in line)
-        assert peak["percent"] is not None and abs(peak["percent"]) < 35, words
+        assert peak["percent"] is not None and abs(peak["percent"]) < 45, words
 
 
 @pytest.mark.slow
