@@ -30,9 +30,8 @@ from nbhw.core.plan.run_figures import RunEstimate
 from nbhw.core.plan.run_search import Fit
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable
 
-    from nbhw.core.hardware.data import BackendStatus
     from nbhw.core.plan.arguments import PlanArgs
     from nbhw.core.plan.estimate import Estimate
     from nbhw.core.plan.placement import LiveMemory
@@ -89,13 +88,10 @@ def backend_of(label: Hashable, made: Inputs, live: LiveMemory) -> str:
     return str(kind)
 
 
-def run_target(placement: Placement | None, live: LiveMemory, rows: Sequence[BackendStatus]) -> str:
+def run_target(placement: Placement | None, made: Inputs, live: LiveMemory) -> str:
     """Whose attention kernels size the run: the CPU's (torch asked) or CUDA's rules for every accelerator."""
     main = dryrun.execution_device(placement.device_map) if placement and placement.device_map else "cpu"
-    if main in ("cpu", DISK, "meta"):
-        return "cpu" if main == "cpu" else "cuda"
-    kind = device_type(main if isinstance(main, int | str) else str(main), live.accelerator)
-    return "cpu" if kind == "cpu" else "cuda"
+    return "cpu" if backend_of(main, made, live) == "cpu" else "cuda"
 
 
 def _device_info(label: Hashable, made: Inputs, live: LiveMemory) -> DeviceInfo | None:

@@ -277,7 +277,7 @@ def place_weights(made: Inputs, built: Built, quantizer: PlanningQuantizer | Non
     if made.target is not None:
         live.source = f"the {made.target.label}'s memory (nbhw's catalog)"
     placement = _placement(made, built, quantizer, live)
-    return Placed(live, placement, run_plan.run_target(placement, live, made.rows))
+    return Placed(live, placement, run_plan.run_target(placement, made, live))
 
 
 def _placement(made: Inputs, built: Built, quantizer: PlanningQuantizer | None, live: LiveMemory) -> Placement | None:
